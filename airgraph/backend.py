@@ -1,0 +1,186 @@
+"""The torch.compile entry: Dynamo graph -> AOTAutograd -> pass pipeline -> segments -> executor.
+
+``get_backend(config)`` returns an :class:`AirgraphBackend`; ``torch.compile(model, backend="airgraph")``
+reaches :func:`airgraph_backend` through the ``torch_dynamo_backends`` entry point.
+
+AOTAutograd turns each Dynamo graph into functional ATen graphs: one inference graph, or a forward and
+a backward graph for training. Each of those goes through :meth:`AirgraphBackend.compile_graph`:
+
+1. the pass pipeline (airgraph/passes) edits and annotates the graph;
+2. the graph is partitioned into segments (runs of nodes sharing placement and stream);
+3. each segment is lowered by the configured kernel backend (Inductor or direct ATen calls);
+4. the executor runs the segments in order; in reduce-overhead on CUDA, ``GraphCapture`` records and
+   replays the executor's run as CUDA graphs.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from airgraph.config import CompilerConfig
+from airgraph.lowering import lower_segments, partition
+from airgraph.passes import CompileContext, run_pipeline
+from airgraph.passes.base import mutated_nodes, target_name
+from airgraph.report import GraphReport, NodeReport, SegmentReport, next_graph_id
+from airgraph.runtime.capture import GraphCapture, MemoryPool, find_uncapturable
+from airgraph.runtime.executor import build_executor
+
+__all__ = ["AirgraphBackend", "airgraph_backend", "get_backend"]
+
+log = logging.getLogger("airgraph")
+
+
+class AirgraphBackend:
+    """A torch.compile backend. Holds its own copy of the config and a report per compiled ATen graph."""
+
+    def __init__(self, compiler_config: CompilerConfig | None = None) -> None:
+        if compiler_config is not None and not isinstance(compiler_config, CompilerConfig):
+            raise TypeError(
+                f"compiler_config must be an airgraph.CompilerConfig, not {type(compiler_config).__name__}; "
+                "create one with airgraph.CompilerConfig() and set its options"
+            )
+        self.config = copy.deepcopy(compiler_config) if compiler_config is not None else CompilerConfig()
+        self.reports: list[GraphReport] = []
+        self.dynamo_graphs = 0
+        self._pool = MemoryPool()
+        self._cpu_capture_noted = False
+
+    def __repr__(self) -> str:
+        return f"AirgraphBackend(mode={self.config.mode!r}, kernel_backend={self.config.kernel_backend!r})"
+
+    # -- Dynamo entry ------------------------------------------------------------------------------------
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -> Callable[..., Any]:
+        from torch._dynamo.backends.common import aot_autograd
+
+        dynamo_graph = self.dynamo_graphs
+        self.dynamo_graphs += 1
+        compile_as = functools.partial(self.compile_graph, dynamo_graph=dynamo_graph)
+        if self.config.kernel_backend == "inductor":
+            from torch._functorch.partitioners import min_cut_rematerialization_partition
+            from torch._inductor.decomposition import select_decomp_table
+
+            decompositions = select_decomp_table()
+            partition_fn = functools.partial(min_cut_rematerialization_partition, compiler="inductor")
+        else:
+            from torch._functorch.partitioners import default_partition
+
+            decompositions, partition_fn = {}, default_partition
+        aot = aot_autograd(
+            fw_compiler=functools.partial(compile_as, kind="forward"),
+            bw_compiler=functools.partial(compile_as, kind="backward"),
+            inference_compiler=functools.partial(compile_as, kind="inference"),
+            decompositions=decompositions,
+            partition_fn=partition_fn,
+            keep_inference_input_mutations=self.config.experimental_config.keep_inference_input_mutations,
+        )
+        return aot(gm, example_inputs, **kwargs)
+
+    # -- one ATen graph ----------------------------------------------------------------------------------
+    def compile_graph(
+        self, gm: torch.fx.GraphModule, example_inputs: list[Any], *, kind: str, dynamo_graph: int = 0
+    ) -> Callable[[list], Any]:
+        start = time.perf_counter()
+        config = self.config
+        device = graph_device(gm, example_inputs)
+        report = GraphReport(
+            id=next_graph_id(), mode=config.mode, kind=kind, device=str(device), dynamo_graph=dynamo_graph
+        )
+        ctx = CompileContext(config=config, report=report, kind=kind, device=device, example_inputs=example_inputs)
+        report.passes = run_pipeline(gm, ctx)
+
+        segments = partition(gm)
+        lower_segments(segments, "interpreter" if config.debug.run_eagerly else config.kernel_backend, kind=kind)
+        if len(segments) > 1:
+            _report_output_strides(gm)
+        run = build_executor(gm, segments)
+
+        if config.mode == "reduce-overhead":
+            run = self._capture(run, gm, device, kind, report)
+        report.nodes = [
+            NodeReport(
+                name=node.name,
+                target=target_name(node),
+                stream=node.meta.get("stream"),
+                placement=node.meta.get("placement", "device"),
+                segment=node.meta.get("segment"),
+            )
+            for node in gm.graph.nodes
+        ]
+        report.segments = [
+            SegmentReport(id=s.id, stream=s.stream, placement=s.placement, backend=s.backend, num_nodes=len(s.nodes))
+            for s in segments
+        ]
+        report.compile_seconds = time.perf_counter() - start
+        self.reports.append(report)
+        return run
+
+    def _capture(
+        self, run: Callable[[list], Any], gm: torch.fx.GraphModule, device: torch.device, kind: str, report: GraphReport
+    ) -> Callable[[list], Any]:
+        if device.type != "cuda":
+            report.uncaptured_reason = f"reduce-overhead captures CUDA graphs; this graph runs on {device.type}"
+            if not self._cpu_capture_noted:
+                self._cpu_capture_noted = True
+                log.info("airgraph: reduce-overhead on %s runs the executor uncaptured (CUDA graphs need CUDA)", device)
+            return run
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        mutated = mutated_nodes(gm.graph)
+        capture = GraphCapture(
+            run,
+            device=device,
+            static_indices=_static_input_indices(kind),
+            mutated_indices=[i for i, p in enumerate(placeholders) if p in mutated],
+            pool=self._pool,
+            capture_limit=self.config.reduce_overhead.capture_limit,
+            warmup_iters=self.config.reduce_overhead.warmup_iters,
+            report=report,
+            uncapturable=find_uncapturable(gm),
+        )
+        return capture
+
+
+def graph_device(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> torch.device:
+    """The graph's accelerator device if it touches one, else the CPU."""
+    values = [*example_inputs, *(n.meta.get("val") for n in gm.graph.nodes)]
+    for value in values:
+        if isinstance(value, torch.Tensor) and value.device.type != "cpu":
+            return value.device
+    return torch.device("cpu")
+
+
+def _static_input_indices(kind: str) -> list[int]:
+    """Parameters and buffers among the graph inputs (AOTAutograd knows; the backward graph has none)."""
+    if kind == "backward":
+        return []
+    context = torch._guards.TracingContext.try_get()
+    metadata = getattr(context, "fw_metadata", None)
+    return list(getattr(metadata, "static_input_indices", None) or [])
+
+
+def _report_output_strides(gm: torch.fx.GraphModule) -> None:
+    """Tell AOTAutograd the strides of the graph outputs when no single Inductor graph produced them all."""
+    context = torch._guards.TracingContext.try_get()
+    if context is None or context.output_strides is None:
+        return
+    outputs = list(gm.graph.nodes)[-1].args[0]
+    context.output_strides.clear()
+    for node in outputs:
+        val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+        context.output_strides.append(tuple(val.stride()) if isinstance(val, torch.Tensor) else None)
+
+
+def get_backend(compiler_config: CompilerConfig | None = None) -> AirgraphBackend:
+    """A torch.compile backend configured by ``compiler_config`` (a copy is taken)."""
+    return AirgraphBackend(compiler_config)
+
+
+def airgraph_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -> Callable[..., Any]:
+    """``torch.compile(model, backend="airgraph")``: the default configuration."""
+    return AirgraphBackend()(gm, example_inputs, **kwargs)

@@ -1,0 +1,292 @@
+"""CompilerConfig: every airgraph option, declared, documented and validated in one place.
+
+Options live in nested groups, in the spirit of TorchAir's ``CompilerConfig``::
+
+    config = airgraph.CompilerConfig()
+    config.mode = "reduce-overhead"
+    config.debug.graph_dump = "/tmp/graphs"
+    config.passes.remove_noops = False
+
+Every assignment is validated: a bad value raises ``ValueError`` naming the option, the value and what is
+allowed; an unknown option raises ``AttributeError`` suggesting the nearest name. This module is also the
+only place that reads environment variables.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+__all__ = ["CompilerConfig", "Option", "OptionGroup"]
+
+_MISSING = object()
+
+
+class Option:
+    """One declared option: a default, a one-line doc, and what values it accepts."""
+
+    def __init__(
+        self,
+        default: Any,
+        doc: str,
+        *,
+        choices: tuple[Any, ...] | None = None,
+        kind: type | tuple[type, ...] | None = None,
+        check: Callable[[Any], str | None] | None = None,
+        allowed: str | None = None,
+        env: str | None = None,
+    ) -> None:
+        self.doc = doc
+        self.choices = choices
+        self.kind = kind if kind is not None or choices is not None else type(default)
+        self.check = check
+        self.allowed = allowed
+        self.env = env
+        self.name = "?"
+        self.default = default
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def describe_allowed(self) -> str:
+        if self.choices is not None:
+            return ", ".join(repr(c) for c in self.choices)
+        if self.allowed is not None:
+            return self.allowed
+        kinds = self.kind if isinstance(self.kind, tuple) else (self.kind,)
+        return " or ".join("None" if k is type(None) else k.__name__ for k in kinds)
+
+    def validate(self, path: str, value: Any) -> Any:
+        def bad(reason: str = "") -> ValueError:
+            extra = f" ({reason})" if reason else ""
+            return ValueError(
+                f"{path}: invalid value {value!r}{extra}; allowed values: {self.describe_allowed()}. {self.doc}"
+            )
+
+        if self.choices is not None:
+            if value not in self.choices:
+                raise bad()
+            return value
+        kinds = self.kind if isinstance(self.kind, tuple) else (self.kind,)
+        # bool is an int subclass: an int option must not take True, a bool option must not take 1.
+        if isinstance(value, bool) and bool not in kinds:
+            raise bad("a bool is not accepted here")
+        if not isinstance(value, kinds):
+            raise bad(f"got {type(value).__name__}")
+        if self.check is not None:
+            reason = self.check(value)
+            if reason:
+                raise bad(reason)
+        return value
+
+    def initial(self) -> Any:
+        if self.env is not None and self.env in os.environ:
+            raw = os.environ[self.env]
+            value: Any = raw
+            if self.kind is bool:
+                value = raw.strip().lower() in ("1", "true", "yes", "on")
+            elif self.kind is int:
+                value = int(raw)
+            return value
+        return copy.deepcopy(self.default)
+
+
+def _positive(value: int) -> str | None:
+    return None if value >= 1 else "must be >= 1"
+
+
+def _non_negative(value: int) -> str | None:
+    return None if value >= 0 else "must be >= 0"
+
+
+class OptionGroup:
+    """A group of options and nested groups; subclasses declare them as class attributes."""
+
+    _path = "CompilerConfig"
+
+    def __init__(self, path: str | None = None) -> None:
+        object.__setattr__(self, "_path", path or type(self)._path)
+        object.__setattr__(self, "_values", {})
+        for name, opt in self._options().items():
+            value = opt.initial()
+            self._values[name] = opt.validate(f"{self._path}.{name}", value)
+        for name, group_cls in self._groups().items():
+            object.__setattr__(self, name, group_cls(f"{self._path}.{name}"))
+
+    @classmethod
+    def _options(cls) -> dict[str, Option]:
+        found: dict[str, Option] = {}
+        for klass in reversed(cls.__mro__):
+            for name, value in vars(klass).items():
+                if isinstance(value, Option):
+                    found[name] = value
+        return found
+
+    @classmethod
+    def _groups(cls) -> dict[str, type[OptionGroup]]:
+        found: dict[str, type[OptionGroup]] = {}
+        for klass in reversed(cls.__mro__):
+            for name, value in vars(klass).items():
+                if isinstance(value, type) and issubclass(value, OptionGroup) and not name.startswith("_"):
+                    found[name] = value
+        return found
+
+    def __getattribute__(self, name: str) -> Any:
+        if not name.startswith("_"):
+            values = object.__getattribute__(self, "_values")
+            if name in values:
+                return values[name]
+        return object.__getattribute__(self, name)
+
+    def __getattr__(self, name: str) -> Any:
+        raise AttributeError(self._unknown(name))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        options = self._options()
+        if name in options:
+            self._values[name] = options[name].validate(f"{self._path}.{name}", value)
+            return
+        if name in self._groups():
+            raise AttributeError(f"{self._path}.{name} is an option group; set its options instead")
+        raise AttributeError(self._unknown(name))
+
+    def _unknown(self, name: str) -> str:
+        known = sorted([*self._options(), *self._groups()])
+        near = difflib.get_close_matches(name, known, n=1, cutoff=0.5)
+        hint = f"; did you mean {near[0]!r}?" if near else ""
+        return f"{self._path} has no option {name!r}{hint} Known: {', '.join(known)}"
+
+    def __iter__(self) -> Iterator[tuple[str, Any]]:
+        for name in self._options():
+            yield name, self._values[name]
+        for name in self._groups():
+            yield name, getattr(self, name)
+
+    def as_dict(self) -> dict[str, Any]:
+        """All options as a nested plain dict (groups become dicts)."""
+        return {name: value.as_dict() if isinstance(value, OptionGroup) else value for name, value in self}
+
+    def update(self, values: dict[str, Any]) -> None:
+        """Set options from a nested dict, validating each one (the inverse of ``as_dict``)."""
+        for name, value in values.items():
+            if name in self._groups():
+                if not isinstance(value, dict):
+                    raise ValueError(f"{self._path}.{name} is an option group; give it a dict, not {value!r}")
+                getattr(self, name).update(value)
+            else:
+                setattr(self, name, value)
+
+    def describe(self) -> dict[str, str]:
+        """Flat ``{"group.option": doc}`` of every option, for help texts and docs."""
+        out: dict[str, str] = {}
+        for name, opt in self._options().items():
+            out[name] = f"{opt.doc} Allowed: {opt.describe_allowed()}. Default: {opt.default!r}."
+        for name in self._groups():
+            for sub, doc in getattr(self, name).describe().items():
+                out[f"{name}.{sub}"] = doc
+        return out
+
+    def __deepcopy__(self, memo: dict) -> OptionGroup:
+        new = object.__new__(type(self))
+        object.__setattr__(new, "_path", self._path)
+        object.__setattr__(new, "_values", copy.deepcopy(self._values, memo))
+        for name in self._groups():
+            object.__setattr__(new, name, copy.deepcopy(getattr(self, name), memo))
+        return new
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and self.as_dict() == other.as_dict()
+
+    def __repr__(self) -> str:
+        def fmt(group: OptionGroup, indent: int) -> list[str]:
+            lines = []
+            for name, value in group:
+                if isinstance(value, OptionGroup):
+                    lines.append(" " * indent + f"{name}:")
+                    lines.extend(fmt(value, indent + 2))
+                else:
+                    lines.append(" " * indent + f"{name} = {value!r}")
+            return lines
+
+        return "\n".join([f"{type(self).__name__}(", *fmt(self, 2), ")"])
+
+
+class DebugConfig(OptionGroup):
+    run_eagerly = Option(
+        False,
+        "Run every segment through torch.fx.Interpreter instead of compiled kernels (for bisecting a bug).",
+        env="AIRGRAPH_RUN_EAGERLY",
+    )
+    graph_dump = Option(
+        None,
+        "Folder to write the FX graph after each pass into (one subfolder per graph); None disables.",
+        kind=(str, type(None)),
+        allowed="a folder path (str) or None",
+        env="AIRGRAPH_GRAPH_DUMP",
+    )
+
+
+class PassesConfig(OptionGroup):
+    """One switch per pass of the pipeline (airgraph/passes/pipeline.py), named after the pass."""
+
+    dead_code_elimination = Option(True, "Remove nodes whose results are never used and have no side effects.")
+    remove_noops = Option(True, "Remove ops that return their input unchanged (same-shape views, x + 0, x * 1, ...).")
+
+
+class ReduceOverheadConfig(OptionGroup):
+    capture_limit = Option(
+        64,
+        "Most input-shape keys captured per compiled graph; later keys run uncaptured (warned once).",
+        check=_positive,
+        allowed="an int >= 1",
+    )
+    warmup_iters = Option(
+        1, "Uncaptured runs of a new shape key before it is captured.", check=_positive, allowed="an int >= 1"
+    )
+
+
+class ExperimentalConfig(OptionGroup):
+    keep_inference_input_mutations = Option(
+        True,
+        "Keep in-place updates of inputs (KV caches, buffers) inside the compiled graph, so capture covers them.",
+    )
+
+
+class ExportExperimentalConfig(OptionGroup):
+    enable_record_nn_module_stack = Option(False, "Record each exported node's module path in its metadata.")
+    auto_atc_config_generated = Option(False, "In a multi-rank export, rank 0 also writes the deployment config files.")
+
+
+class ExportConfig(OptionGroup):
+    external_weights_threshold = Option(
+        2 * 1024**3 - 200 * 1024**2,
+        "Serialized model size in bytes above which weights are written as external files.",
+        check=_non_negative,
+        allowed="an int >= 0",
+    )
+    experimental = ExportExperimentalConfig
+
+
+class CompilerConfig(OptionGroup):
+    """All options of one airgraph compilation. Copy it freely: the backend keeps its own deep copy."""
+
+    mode = Option(
+        "max-autotune",
+        "Execution mode: compiled segments run in order, or captured and replayed as CUDA graphs.",
+        choices=("max-autotune", "reduce-overhead"),
+        env="AIRGRAPH_MODE",
+    )
+    kernel_backend = Option(
+        "inductor",
+        "Lowers each segment: Inductor (fused Triton/C++ kernels) or direct ATen calls (fast to compile).",
+        choices=("inductor", "aten"),
+        env="AIRGRAPH_KERNEL_BACKEND",
+    )
+    debug = DebugConfig
+    passes = PassesConfig
+    reduce_overhead = ReduceOverheadConfig
+    experimental_config = ExperimentalConfig
+    export = ExportConfig

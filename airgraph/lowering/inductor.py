@@ -1,0 +1,32 @@
+"""The "inductor" kernel backend: a segment compiled by torch's Inductor (Triton on CUDA, C++ on CPU).
+
+The segment is already an ATen graph (AOTAutograd ran, with Inductor's decompositions when this backend
+is selected), so it goes straight to ``compile_fx_inner``, Inductor's per-graph entry point, which exists
+with the same keyword arguments from torch 2.11 to 2.13. Inductor's own CUDA graphs stay off: capture is
+airgraph's job (runtime/capture.py), over all segments at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+
+def compile_inductor(
+    gm: torch.fx.GraphModule, example_inputs: list[Any], *, kind: str = "inference"
+) -> Callable[[list], Any]:
+    from torch._inductor import config as inductor_config
+    from torch._inductor.compile_fx import compile_fx_inner
+
+    with inductor_config.patch({"triton.cudagraphs": False}):
+        compiled = compile_fx_inner(
+            gm,
+            example_inputs,
+            is_inference=kind == "inference",
+            is_backward=kind == "backward",
+            cudagraphs=False,
+        )
+    compiled._boxed_call = True  # Inductor's compiled graphs take the boxed (list) calling convention
+    return compiled

@@ -1,0 +1,84 @@
+"""Partition an ATen graph into segments: maximal runs of nodes that share (placement, stream).
+
+Each segment becomes a standalone ``GraphModule`` whose placeholders are the values it reads from outside
+(graph inputs or other segments' results) and whose output is the tuple of values it produces for later
+segments or the graph output. Kernel backends lower these graph modules; the executor wires them.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+DEVICE = "device"
+HOST = "host"
+
+
+def segment_key(node: torch.fx.Node) -> tuple[str, str | None]:
+    return node.meta.get("placement", DEVICE), node.meta.get("stream")
+
+
+@dataclass
+class Segment:
+    id: int
+    placement: str
+    stream: str | None
+    nodes: list[torch.fx.Node]
+    inputs: list[torch.fx.Node] = field(default_factory=list)
+    outputs: list[torch.fx.Node] = field(default_factory=list)
+    gm: torch.fx.GraphModule | None = None
+    backend: str = ""
+    # Boxed callable: takes a list of input values (cleared), returns a sequence of outputs.
+    compiled: Any = None
+
+    def example_inputs(self) -> list[Any]:
+        return [node.meta.get("val") for node in self.inputs]
+
+
+def partition(gm: torch.fx.GraphModule) -> list[Segment]:
+    """Split ``gm`` into segments in graph order and build each segment's graph module."""
+    segments: list[Segment] = []
+    for node in gm.graph.nodes:
+        node.meta.pop("segment", None)
+    for node in gm.graph.nodes:
+        if node.op in ("placeholder", "output"):
+            continue
+        source = node.args[0] if node.target is operator.getitem else None
+        if isinstance(source, torch.fx.Node) and "segment" in source.meta:
+            # A multi-output op's getitems live with it: a segment cannot hand a tuple to another.
+            segments[source.meta["segment"]].nodes.append(node)
+            node.meta["segment"] = source.meta["segment"]
+            continue
+        key = segment_key(node)
+        if not segments or (segments[-1].placement, segments[-1].stream) != key:
+            segments.append(Segment(id=len(segments), placement=key[0], stream=key[1], nodes=[]))
+        segments[-1].nodes.append(node)
+        node.meta["segment"] = segments[-1].id
+
+    for seg in segments:
+        members = set(seg.nodes)
+        inputs: dict[torch.fx.Node, None] = {}
+        for node in seg.nodes:
+            for arg in node.all_input_nodes:
+                if arg not in members:
+                    inputs[arg] = None
+        seg.inputs = list(inputs)
+        seg.outputs = [n for n in seg.nodes if any(user not in members for user in n.users)]
+        seg.gm = _build_module(gm, seg)
+    return segments
+
+
+def _build_module(owner: torch.fx.GraphModule, seg: Segment) -> torch.fx.GraphModule:
+    graph = torch.fx.Graph()
+    env: dict[torch.fx.Node, torch.fx.Node] = {}
+    for node in seg.inputs:
+        placeholder = graph.placeholder(node.name)
+        placeholder.meta = dict(node.meta)
+        env[node] = placeholder
+    for node in seg.nodes:
+        env[node] = graph.node_copy(node, lambda n: env[n])
+    graph.output(tuple(env[n] for n in seg.outputs))
+    return torch.fx.GraphModule(owner, graph, class_name=f"Segment{seg.id}")

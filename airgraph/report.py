@@ -1,0 +1,90 @@
+"""What a compilation did, as data: graphs, passes, segments, per-node stream and placement.
+
+The backend fills one :class:`GraphReport` per ATen graph it compiles (inference, forward or backward);
+the runtime updates ``captured`` when a CUDA graph is recorded. ``airgraph.explain`` returns them in an
+:class:`ExplainReport`, and ``airgraph inspect`` prints them. Nothing about a compilation should be
+knowable only from logs.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+__all__ = ["ExplainReport", "GraphReport", "NodeReport", "PassReport", "SegmentReport"]
+
+_graph_ids = itertools.count()
+
+
+def next_graph_id() -> int:
+    return next(_graph_ids)
+
+
+@dataclass
+class NodeReport:
+    name: str
+    target: str
+    stream: str | None = None
+    placement: str = "device"
+    segment: int | None = None
+
+
+@dataclass
+class SegmentReport:
+    id: int
+    stream: str | None
+    placement: str
+    backend: str
+    num_nodes: int
+
+
+@dataclass
+class PassReport:
+    name: str
+    enabled: bool
+    changed: int = 0
+    details: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+@dataclass
+class GraphReport:
+    id: int
+    mode: str
+    kind: str  # "inference", "forward" or "backward"
+    device: str
+    # Which Dynamo graph (0, 1, ... in the order Dynamo handed them to this backend) this ATen graph is from.
+    dynamo_graph: int = 0
+    nodes: list[NodeReport] = field(default_factory=list)
+    segments: list[SegmentReport] = field(default_factory=list)
+    passes: list[PassReport] = field(default_factory=list)
+    captured: bool = False
+    # Why the graph runs uncaptured in reduce-overhead (None when it is captured or the mode is max-autotune).
+    uncaptured_reason: str | None = None
+    # Shape keys recorded as CUDA graphs so far, and re-captures after a static input moved.
+    capture_keys: int = 0
+    recaptures: int = 0
+    compile_seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class ExplainReport:
+    """The story of one ``airgraph.explain`` call: every graph compiled while running the function once."""
+
+    graphs: list[GraphReport]
+    config: dict[str, Any] = field(default_factory=dict)
+    # Dynamo graphs compiled (more than one means graph breaks) and the break reasons Dynamo gave.
+    dynamo_graphs: int = 0
+    graph_breaks: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "graphs": [g.to_dict() for g in self.graphs],
+            "config": self.config,
+            "dynamo_graphs": self.dynamo_graphs,
+            "graph_breaks": list(self.graph_breaks),
+        }
