@@ -97,9 +97,9 @@ class AirgraphBackend:
 
         segments = partition(gm)
         lower_segments(segments, "interpreter" if config.debug.run_eagerly else config.kernel_backend, kind=kind)
-        if len(segments) > 1:
-            _report_output_strides(gm)
         run = build_executor(gm, segments)
+        if not (len(segments) == 1 and run is segments[0].compiled):
+            _report_output_strides(gm)
 
         if config.mode == "reduce-overhead":
             run = self._capture(run, gm, device, kind, report)
@@ -165,7 +165,11 @@ def _static_input_indices(kind: str) -> list[int]:
 
 
 def _report_output_strides(gm: torch.fx.GraphModule) -> None:
-    """Tell AOTAutograd the strides of the graph outputs when no single Inductor graph produced them all."""
+    """Tell AOTAutograd the strides of the graph outputs when no single Inductor graph produced exactly them.
+
+    Inductor reports the strides of *its* graph's outputs; a segment's outputs are not the graph's. Inductor
+    keeps output strides equal to the traced ones (``keep_output_stride``), so the traced strides are true.
+    """
     context = torch._guards.TracingContext.try_get()
     if context is None or context.output_strides is None:
         return

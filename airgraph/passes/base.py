@@ -73,9 +73,10 @@ def has_side_effects(node: torch.fx.Node) -> bool:
     if node.op != "call_function":
         return False
     target = node.target
-    if isinstance(target, torch._ops.OpOverload):
-        if target._schema.is_mutable or torch.Tag.nondeterministic_seeded in target.tags:
-            return True
+    if isinstance(target, torch._ops.OpOverload) and (
+        target._schema.is_mutable or torch.Tag.nondeterministic_seeded in target.tags
+    ):
+        return True
     return node.is_impure()
 
 

@@ -92,10 +92,8 @@ def _noop_source(node: torch.fx.Node) -> tuple[torch.fx.Node, bool] | None:
     if target in _IDENTITY_SCALAR:
         other = args[1] if len(args) > 1 else None
         alpha = node.kwargs.get("alpha", 1)
-        if isinstance(other, (int, float)) and not isinstance(other, bool) and alpha == 1:
-            if other == _IDENTITY_SCALAR[target]:
-                return src, True
-        return None
+        is_number = isinstance(other, (int, float)) and not isinstance(other, bool)
+        return (src, True) if is_number and alpha == 1 and other == _IDENTITY_SCALAR[target] else None
     if target is aten.cat.default and len(args[0]) == 1 and isinstance(args[0][0], torch.fx.Node):
         return args[0][0], True
     return None
