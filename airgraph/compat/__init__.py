@@ -1,0 +1,1 @@
+"""Compatibility layers: other projects' names for airgraph's features."""

@@ -1,0 +1,28 @@
+"""TorchAir's names for airgraph's features, so a TorchAir script runs after changing imports and device.
+
+    # import torchair as tng                        ->  from airgraph.compat import torchair as tng
+    # from torchair.configs.compiler_config import CompilerConfig
+    from airgraph.compat.torchair import CompilerConfig, get_npu_backend
+
+    config = CompilerConfig()
+    config.mode = "reduce-overhead"
+    backend = get_npu_backend(compiler_config=config)
+    model = torch.compile(model, backend=backend, fullgraph=True)   # .npu() -> .cuda()
+"""
+
+from __future__ import annotations
+
+from airgraph.backend import AirgraphBackend, get_backend
+from airgraph.config import CompilerConfig
+
+__all__ = ["CompilerConfig", "get_compiler", "get_npu_backend"]
+
+
+def get_npu_backend(*, compiler_config: CompilerConfig | None = None) -> AirgraphBackend:
+    """TorchAir's ``get_npu_backend``: the airgraph backend for CUDA (or the CPU)."""
+    return get_backend(compiler_config)
+
+
+def get_compiler(compiler_config: CompilerConfig | None = None) -> AirgraphBackend:
+    """TorchAir's ``get_compiler``; airgraph has one object for both roles."""
+    return get_backend(compiler_config)

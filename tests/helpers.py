@@ -1,0 +1,38 @@
+"""Small helpers shared by tests: configs, compiling with a fresh backend, tolerances per dtype."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+import airgraph
+from airgraph.backend import AirgraphBackend
+
+TOLERANCES = {
+    torch.float32: {"atol": 1e-4, "rtol": 1e-4},
+    torch.float16: {"atol": 1e-2, "rtol": 1e-2},
+    torch.bfloat16: {"atol": 5e-2, "rtol": 5e-2},
+}
+
+
+def make_config(**options: Any) -> airgraph.CompilerConfig:
+    """A config from flat options; dotted names reach groups: make_config(**{"debug.run_eagerly": True})."""
+    config = airgraph.CompilerConfig()
+    for name, value in options.items():
+        group = config
+        *path, leaf = name.split(".")
+        for part in path:
+            group = getattr(group, part)
+        setattr(group, leaf, value)
+    return config
+
+
+def compile_with(fn: Any, *, dynamic: bool | None = None, fullgraph: bool = False, **options: Any):
+    backend = AirgraphBackend(make_config(**options))
+    return torch.compile(fn, backend=backend, dynamic=dynamic, fullgraph=fullgraph), backend
+
+
+def assert_close(actual: Any, expected: Any) -> None:
+    dtype = expected.dtype if isinstance(expected, torch.Tensor) else torch.float32
+    torch.testing.assert_close(actual, expected, **TOLERANCES.get(dtype, {}))

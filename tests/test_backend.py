@@ -1,0 +1,208 @@
+"""End-to-end: airgraph-compiled models equal eager, on both kernel backends and both modes (CPU)."""
+
+from __future__ import annotations
+
+import copy
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+from airgraph.models import build_tiny_llama, decode_inputs, prefill_inputs
+from tests.helpers import assert_close, compile_with
+
+BACKENDS = ["aten", "inductor"]
+MODES = ["max-autotune", "reduce-overhead"]
+
+
+def mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 32), nn.LayerNorm(32), nn.GELU(), nn.Linear(32, 8))
+
+
+class ConvNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.conv2 = nn.Conv2d(8, 4, 3, stride=2)
+        self.head = nn.Linear(4 * 3 * 3, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.bn(self.conv1(x)))
+        x = torch.nn.functional.max_pool2d(x, 2)
+        x = self.conv2(x)
+        return self.head(x.flatten(1))
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("kernel_backend", BACKENDS)
+def test_mlp_inference(kernel_backend, mode):
+    model = mlp().eval()
+    compiled, backend = compile_with(model, kernel_backend=kernel_backend, mode=mode)
+    x = torch.randn(4, 16)
+    with torch.no_grad():
+        assert_close(compiled(x), model(x))
+        assert_close(compiled(x * 2), model(x * 2))
+    assert [r.kind for r in backend.reports] == ["inference"]
+    assert backend.reports[0].segments[0].backend == kernel_backend
+
+
+@pytest.mark.parametrize("kernel_backend", BACKENDS)
+def test_conv_net_inference(kernel_backend):
+    model = ConvNet().eval()
+    compiled, _ = compile_with(model, kernel_backend=kernel_backend)
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        assert_close(compiled(x), model(x))
+
+
+@pytest.mark.parametrize("kernel_backend", BACKENDS)
+def test_training_three_steps_match_eager(kernel_backend):
+    model = ConvNet() if kernel_backend == "aten" else mlp()
+    reference = copy.deepcopy(model)
+    compiled, backend = compile_with(model, kernel_backend=kernel_backend)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.05, momentum=0.9)
+    torch.manual_seed(1)
+    shape = (4, 3, 16, 16) if isinstance(model, ConvNet) else (4, 16)
+    for _ in range(3):
+        x = torch.randn(shape)
+        loss = compiled(x).square().mean()
+        ref_loss = reference(x).square().mean()
+        assert_close(loss, ref_loss)
+        loss.backward()
+        ref_loss.backward()
+        for p, q in zip(model.parameters(), reference.parameters()):
+            assert_close(p.grad, q.grad)
+        opt.step()
+        ref_opt.step()
+        opt.zero_grad()
+        ref_opt.zero_grad()
+    for p, q in zip(model.parameters(), reference.parameters()):
+        assert_close(p, q)
+    for name, buf in model.named_buffers():
+        assert_close(buf, dict(reference.named_buffers())[name])
+    assert sorted(r.kind for r in backend.reports) == ["backward", "forward"]
+
+
+def test_graph_break_runs_every_piece_compiled():
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        y = torch.sin(x) * 2
+        torch._dynamo.graph_break()
+        return torch.cos(y + 1).sum(0)
+
+    compiled, backend = compile_with(fn, kernel_backend="aten")
+    x = torch.randn(5, 3)
+    assert_close(compiled(x), fn(x))
+    assert backend.dynamo_graphs == 2
+    assert sorted({r.dynamo_graph for r in backend.reports}) == [0, 1]
+
+
+@pytest.mark.parametrize("kernel_backend", BACKENDS)
+def test_dynamic_shapes_compile_once(kernel_backend):
+    def fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return (x @ y).relu() + x.sum(dim=1, keepdim=True)
+
+    compiled, backend = compile_with(fn, dynamic=True, kernel_backend=kernel_backend)
+    for n in (3, 7, 12):
+        x, y = torch.randn(n, 6), torch.randn(6, 6)
+        assert_close(compiled(x, y), fn(x, y))
+    assert len(backend.reports) == 1  # one symbolic graph served every size
+
+
+def test_recompiles_on_new_static_shape():
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(x) * x
+
+    compiled, backend = compile_with(fn, dynamic=False, kernel_backend="aten")
+    for n in (2, 3):
+        x = torch.randn(n, 4)
+        assert_close(compiled(x), fn(x))
+    assert len(backend.reports) == 2
+
+
+def test_input_mutation_stays_in_graph_and_matches_eager():
+    def fn(cache: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        cache.add_(x)
+        return cache * 2
+
+    compiled, backend = compile_with(fn, kernel_backend="aten")
+    cache, ref_cache = torch.zeros(4), torch.zeros(4)
+    x = torch.randn(4)
+    with torch.no_grad():
+        out = compiled(cache, x)
+        ref = fn(ref_cache, x)
+    assert_close(out, ref)
+    assert_close(cache, ref_cache)
+    assert any(n.target == "aten.copy_.default" for n in backend.reports[0].nodes)
+
+
+# inductor + reduce-overhead on the CPU is the inductor max-autotune path (capture needs CUDA): see tests/runtime.
+@pytest.mark.parametrize(
+    ("kernel_backend", "mode"), [("aten", "max-autotune"), ("aten", "reduce-overhead"), ("inductor", "max-autotune")]
+)
+def test_tiny_llama_prefill_and_decode(kernel_backend, mode):
+    model = build_tiny_llama("micro", seed=3)
+    reference = build_tiny_llama("micro", seed=3)
+    compiled, _ = compile_with(model, kernel_backend=kernel_backend, mode=mode, fullgraph=True)
+    cfg = model.config
+    with torch.no_grad():
+        tokens, pos = prefill_inputs(cfg, 1, 6, seed=1)
+        assert_close(compiled(tokens, pos), reference(tokens, pos))
+        for step in range(3):
+            tokens, pos = decode_inputs(cfg, 1, 6 + step, seed=step)
+            assert_close(compiled(tokens, pos), reference(tokens, pos))
+    for buf, ref_buf in zip(model.buffers(), reference.buffers()):
+        assert_close(buf, ref_buf)  # the KV caches were updated in place, as eager does
+
+
+def test_backend_by_name():
+    assert "airgraph" in torch._dynamo.list_backends()
+    model = mlp().eval()
+    compiled = torch.compile(model, backend="airgraph")
+    x = torch.randn(2, 16)
+    with torch.no_grad():
+        assert_close(compiled(x), model(x))
+
+
+def test_run_eagerly_uses_the_interpreter():
+    model = mlp().eval()
+    compiled, backend = compile_with(model, **{"debug.run_eagerly": True})
+    x = torch.randn(3, 16)
+    with torch.no_grad():
+        assert_close(compiled(x), model(x))
+    assert {s.backend for s in backend.reports[0].segments} == {"interpreter"}
+
+
+def test_graph_dump_writes_one_file_per_pass(tmp_path):
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(x.view(x.shape) + 0) * 3
+
+    compiled, backend = compile_with(fn, kernel_backend="aten", **{"debug.graph_dump": str(tmp_path)})
+    x = torch.randn(4)
+    assert_close(compiled(x), fn(x))
+    (folder,) = tmp_path.iterdir()
+    assert folder.name == f"graph_{backend.reports[0].id}_inference"
+    files = sorted(p.name for p in folder.iterdir())
+    assert files == ["00_input.txt", "01_remove_noops.txt", "02_dead_code_elimination.txt"]
+    before = (folder / "00_input.txt").read_text()
+    after = (folder / "01_remove_noops.txt").read_text()
+    assert "torch.ops.aten.view.default" in before and "torch.ops.aten.view.default" not in after
+    assert "torch.ops.aten.sigmoid.default" in after
+
+
+def test_reduce_overhead_on_cpu_runs_uncaptured_and_says_so_once(caplog):
+    model = mlp().eval()
+    compiled, backend = compile_with(model, kernel_backend="aten", mode="reduce-overhead", dynamic=False)
+    with caplog.at_level(logging.INFO, logger="airgraph"), torch.no_grad():
+        for n in (2, 3):  # two graphs (a recompile), one log line
+            x = torch.randn(n, 16)
+            assert_close(compiled(x), model(x))
+    lines = [r.getMessage() for r in caplog.records if "uncaptured" in r.getMessage()]
+    assert len(lines) == 1 and "reduce-overhead on cpu" in lines[0]
+    assert len(backend.reports) == 2
+    for report in backend.reports:
+        assert report.captured is False and "runs on cpu" in report.uncaptured_reason
