@@ -42,7 +42,9 @@ def test_deepcopy_is_independent():
 
 def test_bad_choice_names_option_value_and_allowed_values():
     config = CompilerConfig()
-    with pytest.raises(ValueError, match=r"CompilerConfig\.mode: invalid value 'fast'.*'max-autotune', 'reduce-overhead'"):
+    with pytest.raises(
+        ValueError, match=r"CompilerConfig\.mode: invalid value 'fast'.*'max-autotune', 'reduce-overhead'"
+    ):
         config.mode = "fast"
     with pytest.raises(ValueError, match=r"kernel_backend: invalid value 'triton'.*'inductor', 'aten'"):
         config.kernel_backend = "triton"
@@ -69,7 +71,9 @@ def test_unknown_option_suggests_nearest_name():
     config = CompilerConfig()
     with pytest.raises(AttributeError, match=r"has no option 'mdoe'; did you mean 'mode'\?"):
         config.mdoe = "reduce-overhead"
-    with pytest.raises(AttributeError, match=r"CompilerConfig\.debug has no option 'run_eagrly'; did you mean 'run_eagerly'"):
+    with pytest.raises(
+        AttributeError, match=r"CompilerConfig\.debug has no option 'run_eagrly'; did you mean 'run_eagerly'"
+    ):
         config.debug.run_eagrly = True
     with pytest.raises(AttributeError, match=r"did you mean 'capture_limit'"):
         _ = config.reduce_overhead.capture_limt

@@ -1,13 +1,13 @@
 """TorchAir's names for airgraph's features, so a TorchAir script runs after changing imports and device.
 
-    # import torchair as tng                        ->  from airgraph.compat import torchair as tng
-    # from torchair.configs.compiler_config import CompilerConfig
-    from airgraph.compat.torchair import CompilerConfig, get_npu_backend
+# import torchair as tng                        ->  from airgraph.compat import torchair as tng
+# from torchair.configs.compiler_config import CompilerConfig
+from airgraph.compat.torchair import CompilerConfig, get_npu_backend
 
-    config = CompilerConfig()
-    config.mode = "reduce-overhead"
-    backend = get_npu_backend(compiler_config=config)
-    model = torch.compile(model, backend=backend, fullgraph=True)   # .npu() -> .cuda()
+config = CompilerConfig()
+config.mode = "reduce-overhead"
+backend = get_npu_backend(compiler_config=config)
+model = torch.compile(model, backend=backend, fullgraph=True)   # .npu() -> .cuda()
 """
 
 from __future__ import annotations

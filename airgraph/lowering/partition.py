@@ -58,6 +58,8 @@ def partition(gm: torch.fx.GraphModule) -> list[Segment]:
         segments[-1].nodes.append(node)
         node.meta["segment"] = segments[-1].id
 
+    output_node = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    graph_outputs = [a for a in torch.utils._pytree.tree_leaves(output_node.args[0]) if isinstance(a, torch.fx.Node)]
     for seg in segments:
         members = set(seg.nodes)
         inputs: dict[torch.fx.Node, None] = {}
@@ -66,7 +68,10 @@ def partition(gm: torch.fx.GraphModule) -> list[Segment]:
                 if arg not in members:
                     inputs[arg] = None
         seg.inputs = list(inputs)
-        seg.outputs = [n for n in seg.nodes if any(user not in members for user in n.users)]
+        escaping = [n for n in seg.nodes if any(user not in members for user in n.users)]
+        # Graph outputs first, in output order, so a lone segment's outputs are the graph's outputs.
+        first = [n for n in dict.fromkeys(graph_outputs) if n in members]
+        seg.outputs = first + [n for n in escaping if n not in set(first)]
         seg.gm = _build_module(gm, seg)
     return segments
 
