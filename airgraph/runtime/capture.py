@@ -53,19 +53,35 @@ class _Key:
     static_args: list[Any] = field(default_factory=list)
     static_outputs: Sequence[Any] = ()
     static_ptrs: tuple[int, ...] = ()
+    copy_indices: tuple[int, ...] = ()
 
 
 class MemoryPool:
-    """One CUDA graph memory pool per device, shared by every graph and key of one backend."""
+    """Per device: one CUDA graph memory pool and one capture stream, shared by every graph and key of a backend.
+
+    Warm-up runs and recordings both happen on the capture stream (as CUDAGraph Trees do), so whatever a
+    first run sets up per stream (cuBLAS workspaces, Triton autotuning) is set up for the stream recorded.
+    """
 
     def __init__(self) -> None:
         self._handles: dict[int, Any] = {}
+        self._streams: dict[int, torch.cuda.Stream] = {}
+
+    @staticmethod
+    def _index(device: torch.device) -> int:
+        return device.index if device.index is not None else torch.cuda.current_device()
 
     def handle(self, device: torch.device) -> Any:
-        index = device.index if device.index is not None else torch.cuda.current_device()
+        index = self._index(device)
         if index not in self._handles:
             self._handles[index] = torch.cuda.graph_pool_handle()
         return self._handles[index]
+
+    def stream(self, device: torch.device) -> torch.cuda.Stream:
+        index = self._index(device)
+        if index not in self._streams:
+            self._streams[index] = torch.cuda.Stream(device=index)
+        return self._streams[index]
 
 
 class GraphCapture:
@@ -97,23 +113,22 @@ class GraphCapture:
         self._report = report
         self._uncapturable = uncapturable
         self._keys: dict[tuple, _Key] = {}
+        self._dynamic: list[int] | None = None
         self._limit_warned = False
         self._last_stream: torch.cuda.Stream | None = None
         if uncapturable:
             report.uncaptured_reason = uncapturable
-            log.info("airgraph: graph %d runs uncaptured in reduce-overhead: %s", report.id, uncapturable)
+            log.warning("airgraph: graph %d runs uncaptured in reduce-overhead: %s", report.id, uncapturable)
 
     # -- keys --------------------------------------------------------------------------------------------
     def _key(self, args: list) -> tuple:
-        parts = []
-        for i, a in enumerate(args):
-            if i in self._static_set:
-                continue
-            if isinstance(a, torch.Tensor):
-                parts.append((i, a.dtype, tuple(a.shape), a.stride(), a.device))
-            else:
-                parts.append((i, a))
-        return tuple(parts)
+        """dtype, sizes, strides and device of every non-static tensor input; the value of every other input."""
+        if self._dynamic is None:
+            self._dynamic = [i for i in range(len(args)) if i not in self._static_set]
+        return tuple(
+            (a.dtype, a.shape, a.stride(), a.device) if isinstance(a, torch.Tensor) else a
+            for a in map(args.__getitem__, self._dynamic)
+        )
 
     def _static_ptrs(self, args: list) -> tuple[int, ...]:
         return tuple(args[i].data_ptr() if isinstance(args[i], torch.Tensor) else 0 for i in self._static)
@@ -139,7 +154,7 @@ class GraphCapture:
         # WARMUP: run for real (this call's results), then record if warm enough. Recording executes
         # nothing, so the call's side effects happen exactly once.
         keep = list(args)
-        outputs = self._run(args)
+        outputs = self._warmup(args)
         entry.warmups += 1
         if entry.warmups >= self._warmup_iters:
             self._record(entry, keep)
@@ -159,37 +174,44 @@ class GraphCapture:
             return _Key(CaptureState.UNCAPTURED)
         return _Key(CaptureState.WARMUP)
 
+    def _warmup(self, args: list) -> Any:
+        """Run uncaptured on the capture stream, ordered after and before the caller's stream."""
+        caller = torch.cuda.current_stream(self.device)
+        side = self._pool.stream(self.device)
+        side.wait_stream(caller)
+        with torch.cuda.stream(side):
+            outputs = self._run(args)
+        caller.wait_stream(side)
+        return outputs
+
     def _record(self, entry: _Key, args: list) -> None:
+        # Non-static inputs get buffers of their own; their contents are copied in before each replay
+        # (recording reads no data, so they start uninitialized).
         static_args = [
             a if i in self._static_set or not isinstance(a, torch.Tensor) else _static_like(a)
             for i, a in enumerate(args)
         ]
-        for i, a in enumerate(args):
-            if static_args[i] is not a:
-                static_args[i].copy_(a)
         graph = torch.cuda.CUDAGraph()
         try:
-            torch.cuda.synchronize(self.device)
-            with torch.cuda.graph(graph, pool=self._pool.handle(self.device)):
+            with torch.cuda.graph(graph, pool=self._pool.handle(self.device), stream=self._pool.stream(self.device)):
                 static_outputs = self._run(list(static_args))
         except Exception as exc:  # capture refused an op: run this key uncaptured from now on
             entry.state = CaptureState.UNCAPTURED
             reason = f"CUDA graph capture failed: {type(exc).__name__}: {str(exc).splitlines()[0]}"
             self._report.uncaptured_reason = reason
-            log.info("airgraph: graph %d runs uncaptured: %s", self._report.id, reason)
+            log.warning("airgraph: graph %d runs uncaptured: %s", self._report.id, reason)
             return
         entry.graph, entry.static_args, entry.static_outputs = graph, static_args, static_outputs
         entry.static_ptrs = self._static_ptrs(static_args)
+        entry.copy_indices = tuple(i for i, a in enumerate(static_args) if a is not args[i])
         entry.state = CaptureState.CAPTURED
         self._report.captured = True
         self._report.capture_keys += 1
 
     def _replay(self, entry: _Key, args: list) -> list[Any]:
         static_args = entry.static_args
-        for i, a in enumerate(args):
-            if i in self._static_set or not isinstance(a, torch.Tensor):
-                continue
-            buffer = static_args[i]
+        for i in entry.copy_indices:
+            buffer, a = static_args[i], args[i]
             if buffer.data_ptr() != a.data_ptr():
                 buffer.copy_(a)
         stream = torch.cuda.current_stream(self.device)
@@ -209,26 +231,26 @@ def _static_like(t: torch.Tensor) -> torch.Tensor:
 
 
 def find_uncapturable(gm: torch.fx.GraphModule) -> str | None:
-    """Why this graph cannot be recorded as one CUDA graph, naming the first offending op, or None.
+    """Why this CUDA graph cannot be recorded as one CUDA graph, naming the first offending op, or None.
 
     Ops with data-dependent output shapes or that read a device value on the host need a sync, which
-    capture forbids; CPU tensors inside a CUDA graph would run on the host during recording only.
+    capture forbids (these are named first: they are what a user changes); CPU tensors inside a CUDA graph
+    would be computed on the host once, while recording, and never again.
     """
     for node in gm.graph.nodes:
-        val = node.meta.get("val")
-        if node.op == "placeholder":
-            if isinstance(val, torch.Tensor) and val.device.type == "cpu" and val.dim() > 0:
-                return f"input {node.name} is a CPU tensor"
-            continue
-        if node.op != "call_function":
-            continue
         target = node.target
-        if isinstance(target, torch._ops.OpOverload):
-            tags = target.tags
-            if target is torch.ops.aten._local_scalar_dense.default:
-                return f"{node.name} = {target} reads a device value on the host (.item(), a host sync)"
-            if torch.Tag.dynamic_output_shape in tags or torch.Tag.data_dependent_output in tags:
-                return f"{node.name} = {target} has a data-dependent output (needs a host sync)"
-        if isinstance(val, torch.Tensor) and val.device.type == "cpu" and val.dim() > 0:
-            return f"{node.name} = {node.target} computes on the CPU"
+        if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
+            continue
+        if target is torch.ops.aten._local_scalar_dense.default:
+            return f"{node.name} = {target} reads a device value on the host (.item(), a host sync)"
+        if torch.Tag.dynamic_output_shape in target.tags or torch.Tag.data_dependent_output in target.tags:
+            return f"{node.name} = {target} has a data-dependent output (needs a host sync)"
+    for node in gm.graph.nodes:
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor) or val.device.type != "cpu":
+            continue
+        if node.op == "placeholder":  # even a 0-dim one: a kernel would keep the value it had when recorded
+            return f"input {node.name} is a CPU tensor inside a CUDA graph"
+        if val.dim() > 0:
+            return f"{node.name} = {node.target} is a CPU tensor inside a CUDA graph"
     return None

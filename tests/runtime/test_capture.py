@@ -1,0 +1,200 @@
+"""reduce-overhead: CUDA graph capture and replay. The `cuda` tests run on the GPU machine only."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+from airgraph.models import build_tiny_llama, decode_inputs, prefill_inputs
+from airgraph.runtime.capture import find_uncapturable
+from tests.helpers import assert_close, compile_with
+
+# -- CPU: deciding what can be captured ----------------------------------------------------------------------
+
+
+def fake(*specs: tuple[tuple[int, ...], str]) -> list[torch.Tensor]:
+    """Fake tensors (CUDA ones too, on a machine without a GPU) from one fake mode."""
+    with FakeTensorMode(shape_env=ShapeEnv()):
+        return [torch.empty(shape, device=device) for shape, device in specs]
+
+
+def test_find_uncapturable_names_the_op():
+    def item(x: torch.Tensor) -> torch.Tensor:
+        return x * x.sum().item()
+
+    def host_tensor(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        return x + lengths.to(x.device)
+
+    x, lengths = fake(((3,), "cuda"), ((3,), "cpu"))
+    reason = find_uncapturable(make_fx(item, tracing_mode="symbolic")(x))
+    assert reason is not None and "aten._local_scalar_dense.default" in reason and "host sync" in reason
+    reason = find_uncapturable(make_fx(host_tensor, tracing_mode="symbolic")(x, lengths))
+    assert reason is not None and "CPU tensor inside a CUDA graph" in reason
+    assert find_uncapturable(make_fx(torch.sin, tracing_mode="symbolic")(x)) is None
+
+
+def test_find_uncapturable_names_data_dependent_shapes():
+    gm = make_fx(torch.nonzero, tracing_mode="symbolic")(torch.randn(3))
+    reason = find_uncapturable(gm)
+    assert reason is not None and "aten.nonzero.default" in reason and "data-dependent" in reason
+
+
+# -- CUDA ------------------------------------------------------------------------------------------------------
+
+
+def mlp(device: str = "cuda") -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 8)).to(device).eval()
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("kernel_backend", ["aten", "inductor"])
+def test_capture_replays_and_matches_eager(kernel_backend):
+    model = mlp()
+    compiled, backend = compile_with(model, mode="reduce-overhead", kernel_backend=kernel_backend)
+    with torch.no_grad():
+        for _ in range(4):
+            x = torch.randn(4, 16, device="cuda")
+            assert_close(compiled(x), model(x))
+    (report,) = backend.reports
+    assert report.captured and report.capture_keys == 1 and report.uncaptured_reason is None
+
+
+@pytest.mark.cuda
+def test_one_graph_per_shape_key_and_kept_outputs_stay_correct():
+    model = mlp()
+    compiled, backend = compile_with(model, mode="reduce-overhead", kernel_backend="aten", dynamic=True)
+    kept = []
+    with torch.no_grad():
+        for n in (2, 3, 2, 5, 3, 2):
+            x = torch.randn(n, 16, device="cuda")
+            kept.append((compiled(x), model(x)))
+    for got, want in kept:  # every output from every step is still what that step computed
+        assert_close(got, want)
+    (report,) = backend.reports
+    assert report.capture_keys == 3  # one CUDA graph per shape key (2, 3, 5), shared pool
+
+
+@pytest.mark.cuda
+def test_capture_limit_runs_new_keys_uncaptured_with_one_warning(caplog):
+    model = mlp()
+    compiled, backend = compile_with(
+        model, mode="reduce-overhead", kernel_backend="aten", dynamic=True, **{"reduce_overhead.capture_limit": 2}
+    )
+    with caplog.at_level(logging.WARNING, logger="airgraph"), torch.no_grad():
+        for n in (2, 3, 4, 5, 4):
+            x = torch.randn(n, 16, device="cuda")
+            assert_close(compiled(x), model(x))
+    assert backend.reports[0].capture_keys == 2
+    warnings = [r for r in caplog.records if "capture limit" in r.getMessage()]
+    assert len(warnings) == 1
+
+
+@pytest.mark.cuda
+def test_moved_parameter_recaptures():
+    model = mlp()
+    compiled, backend = compile_with(model, mode="reduce-overhead", kernel_backend="aten")
+    x = torch.randn(4, 16, device="cuda")
+    with torch.no_grad():
+        compiled(x)
+        compiled(x)
+        new_weight = torch.randn_like(model[0].weight)
+        model[0].weight = nn.Parameter(new_weight)  # new storage: the recorded address is stale
+        for _ in range(3):
+            assert_close(compiled(x), model(x))
+    assert backend.reports[0].recaptures >= 1 or len(backend.reports) > 1
+
+
+@pytest.mark.cuda
+def test_uncapturable_op_runs_uncaptured_with_one_log_line(caplog):
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return x * x.sum().item()
+
+    torch._dynamo.config.capture_scalar_outputs = True
+    try:
+        compiled, backend = compile_with(fn, mode="reduce-overhead", kernel_backend="aten")
+        with caplog.at_level(logging.INFO, logger="airgraph"):
+            for _ in range(3):
+                x = torch.randn(8, device="cuda")
+                assert_close(compiled(x), fn(x))
+    finally:
+        torch._dynamo.config.capture_scalar_outputs = False
+    report = backend.reports[0]
+    assert not report.captured and "_local_scalar_dense" in report.uncaptured_reason
+    assert sum("_local_scalar_dense" in r.getMessage() for r in caplog.records) == 1
+
+
+@pytest.mark.cuda
+def test_mutated_user_input_is_copied_back():
+    def fn(state: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        state.mul_(0.5).add_(x)
+        return state.sum()
+
+    compiled, _ = compile_with(fn, mode="reduce-overhead", kernel_backend="aten")
+    state, ref_state = torch.ones(8, device="cuda"), torch.ones(8, device="cuda")
+    with torch.no_grad():
+        for _ in range(4):
+            x = torch.randn(8, device="cuda")
+            assert_close(compiled(state, x), fn(ref_state, x))
+            assert_close(state, ref_state)
+
+
+@pytest.mark.cuda
+def test_caller_stream_is_honoured():
+    model = mlp()
+    compiled, _ = compile_with(model, mode="reduce-overhead", kernel_backend="aten")
+    x = torch.randn(4, 16, device="cuda")
+    side = torch.cuda.Stream()
+    with torch.no_grad():
+        compiled(x)
+        compiled(x)
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            out = compiled(x)
+        torch.cuda.current_stream().wait_stream(side)
+    assert_close(out, model(x))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("kernel_backend", ["aten", "inductor"])
+def test_tiny_llama_decode_captured(kernel_backend):
+    model = build_tiny_llama("tiny", seed=0, device="cuda")
+    reference = build_tiny_llama("tiny", seed=0, device="cuda")
+    cfg = model.config
+    tokens, pos = prefill_inputs(cfg, 1, 8, device="cuda")
+    with torch.no_grad():
+        model(tokens, pos)
+        reference(tokens, pos)
+        compiled, backend = compile_with(model, mode="reduce-overhead", kernel_backend=kernel_backend, fullgraph=True)
+        for step in range(6):
+            tokens, pos = decode_inputs(cfg, 1, 8 + step, seed=step, device="cuda")
+            assert_close(compiled(tokens, pos), reference(tokens, pos))
+    for buf, ref in zip(model.buffers(), reference.buffers()):
+        assert_close(buf, ref)
+    assert backend.reports[0].captured
+
+
+@pytest.mark.cuda
+def test_training_step_under_reduce_overhead():
+    model = mlp().train()
+    reference = mlp().train()
+    compiled, backend = compile_with(model, mode="reduce-overhead", kernel_backend="aten")
+    for _ in range(3):
+        x = torch.randn(4, 16, device="cuda")
+        loss = compiled(x).square().mean()
+        ref = reference(x).square().mean()
+        loss.backward()
+        ref.backward()
+        assert_close(loss, ref)
+        for p, q in zip(model.parameters(), reference.parameters()):
+            assert_close(p.grad, q.grad)
+            p.grad = None
+            q.grad = None
+    assert {r.kind for r in backend.reports} == {"forward", "backward"}
+    assert all(r.captured for r in backend.reports)
