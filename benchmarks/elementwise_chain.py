@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         "airgraph aten / bare FX GraphModule": medians["airgraph aten"] / medians["bare FX GraphModule"],
     }
     report = {
-        **environment(),
+        **environment(torch.device("cpu")),
         "benchmark": "elementwise_chain",
         "settings": {"ops": args.ops, "numel": args.numel, "reps": args.reps, "threads": 1},
         "per_call_us": medians,

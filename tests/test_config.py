@@ -95,7 +95,7 @@ def test_environment_variables_are_read_in_config(monkeypatch):
     config = CompilerConfig()
     assert config.mode == "reduce-overhead" and config.debug.run_eagerly is True
     monkeypatch.setenv("AIRGRAPH_MODE", "warp-speed")
-    with pytest.raises(ValueError, match="CompilerConfig.mode: invalid value 'warp-speed'"):
+    with pytest.raises(ValueError, match=r"CompilerConfig\.mode: invalid value 'warp-speed'"):
         CompilerConfig()
 
 
@@ -106,7 +106,7 @@ def test_describe_documents_every_option():
 
 
 def test_get_backend_rejects_non_config():
-    with pytest.raises(TypeError, match="compiler_config must be an airgraph.CompilerConfig, not dict"):
+    with pytest.raises(TypeError, match=r"compiler_config must be an airgraph\.CompilerConfig, not dict"):
         airgraph.get_backend({"mode": "reduce-overhead"})
 
 
