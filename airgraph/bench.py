@@ -15,6 +15,11 @@ Positions wrap: when the next position would reach ``max_seq_len``, the caches a
 prefilled again (untimed) and decoding restarts at ``prompt_len``. So any number of steps is valid, and the
 schedule (hence the reference logits) is the same for every mode. ``settings.wraps`` says how often it
 happened.
+
+``compile_s`` is measured with Inductor's on-disk caches as they are: modes run in the order given (eager
+first), and a later mode may reuse kernels an earlier one compiled (torch.compile and airgraph with the
+Inductor kernel backend often generate the same C++/Triton code), so only the first Inductor mode of a
+run with cold caches shows the full kernel compile time.
 """
 
 from __future__ import annotations
@@ -191,6 +196,8 @@ def run_bench(
         "atol": atol,
         "rtol": rtol,
         "num_threads": torch.get_num_threads(),
+        "positions": "wrap: caches reset and prompt prefilled again (untimed) before position max_seq_len",
+        "compile_caches": "Inductor caches shared between modes: later modes may reuse earlier modes' kernels",
     }
     return {**environment(dev), "settings": settings, "results": results}
 
@@ -312,7 +319,8 @@ def _ticker(bar: Progress | None, mode: str | None, total: int, warmup: int) -> 
 
 
 def _progress(enabled: bool, console: Console | None) -> Any:
-    if not enabled:
+    console = console or Console(stderr=True)
+    if not enabled or not console.is_terminal:
         return nullcontext(None)
     return Progress(
         SpinnerColumn(),
@@ -320,7 +328,7 @@ def _progress(enabled: bool, console: Console | None) -> Any:
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
-        console=console or Console(stderr=True),
+        console=console,
         transient=True,
         refresh_per_second=4,
     )
@@ -410,3 +418,9 @@ def print_results(result: dict[str, Any], console: Console | None = None) -> Non
     for r in result["results"]:
         for reason in r.get("uncaptured_reasons") or ():
             console.print(f"[dim]{r['mode']}: uncaptured: {reason}[/]")
+    noisy = [r["mode"] for r in result["results"] if r["p90_ms"] > 3 * r["p10_ms"]]
+    if noisy:
+        console.print(
+            f"[yellow]noisy timings[/] (p90 > 3 × p10) for {', '.join(noisy)}: something else competed for the "
+            "device or CPU; rerun, or raise --steps"
+        )
