@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 from torch._guards import detect_fake_mode
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from airgraph.codegen import Emitter, compile_function, last_uses
@@ -67,22 +68,76 @@ def fast_callable(node: torch.fx.Node) -> Any:
     return found
 
 
-def _dispatches_to(candidate: Any, node: torch.fx.Node) -> bool:
+def inplace_callable(node: torch.fx.Node) -> Any:
+    """``Tensor.<op>_`` for a pointwise ``node`` whose first input dies here and can be overwritten, or None.
+
+    Writing into a dying intermediate saves an allocation and a pass over fresh memory, as eager code that
+    writes ``x.mul_(2)`` does. Allowed only when nothing else can observe the old value: the input is a
+    fresh (non-view) result of an op in this segment, this node is its only reader, it is not read twice
+    by this node, and the output has its exact dtype, sizes and strides. The in-place method is then
+    checked, like the out-of-place bindings, to dispatch to the matching ``aten.<op>_`` overload.
+    """
+    target = node.target
+    if not isinstance(target, torch._ops.OpOverload) or target.namespace != "aten":
+        return None
+    if torch.Tag.pointwise not in target.tags or not node.args or not isinstance(node.args[0], torch.fx.Node):
+        return None
+    src = node.args[0]
+    if len(src.users) != 1 or not _returns_fresh(src):
+        return None
+    others = torch.utils._pytree.tree_leaves([node.args[1:], dict(node.kwargs)])
+    if any(other is src for other in others):
+        return None
+    out, inp = node.meta.get("val"), src.meta.get("val")
+    if not isinstance(out, torch.Tensor) or not isinstance(inp, torch.Tensor):
+        return None
+    same = out.dtype == inp.dtype and out.device == inp.device and out.dim() == inp.dim()
+    pairs = [*zip(out.shape, inp.shape), *zip(out.stride(), inp.stride())]
+    if not same or not all(statically_known_true(a == b) for a, b in pairs):
+        return None
+    name = target._schema.name.split("::")[-1] + "_"
+    overload = getattr(getattr(torch.ops.aten, name, None), target._overloadname, None)
+    method = getattr(torch._C.TensorBase, name, None)
+    if overload is None or method is None:
+        return None
+    key = ("inplace", *_signature(node))
+    if key not in _verified:
+        _verified[key] = method if _dispatches_to(method, node, expected=overload, copy_first=True) else None
+    return _verified[key]
+
+
+def _returns_fresh(node: torch.fx.Node) -> bool:
+    """The node's value is a new tensor: an ATen op whose schema neither mutates nor returns an alias."""
+    target = node.target
+    if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
+        return False
+    schema = target._schema
+    return not schema.is_mutable and all(ret.alias_info is None for ret in schema.returns)
+
+
+def _dispatches_to(candidate: Any, node: torch.fx.Node, *, expected: Any = None, copy_first: bool = False) -> bool:
+    """Does ``candidate(*node's fake args)`` dispatch first to ``expected`` (default: the node's own op)?"""
+
     def val(value: Any) -> Any:
         return value.meta.get("val") if isinstance(value, torch.fx.Node) else value
 
-    args = torch.fx.node.map_aggregate(node.args, val)
+    args = list(torch.fx.node.map_aggregate(node.args, val))
     kwargs = torch.fx.node.map_aggregate(node.kwargs, val)
     fake_mode = detect_fake_mode([*torch.utils._pytree.tree_leaves(args), *torch.utils._pytree.tree_leaves(kwargs)])
     if fake_mode is None:
         return False
     recorder = _FirstOp()
     try:
-        with fake_mode, recorder:
-            candidate(*args, **kwargs)
+        with fake_mode:
+            if copy_first:  # an in-place candidate writes to its first argument: never to the graph's own value
+                args[0] = torch.empty_strided(
+                    args[0].shape, args[0].stride(), dtype=args[0].dtype, device=args[0].device
+                )
+            with recorder:
+                candidate(*args, **kwargs)
     except Exception:
         return False
-    return recorder.first is node.target
+    return recorder.first is (node.target if expected is None else expected)
 
 
 def generate_source(gm: torch.fx.GraphModule, fn_name: str = "segment") -> tuple[str, dict[str, Any]]:
@@ -118,8 +173,10 @@ def generate_source(gm: torch.fx.GraphModule, fn_name: str = "segment") -> tuple
         elif node.op == "call_function":
             args = [emitter.arg(a, names) for a in node.args]
             args += [f"{k}={emitter.arg(v, names)}" for k, v in node.kwargs.items()]
-            fast = fast_callable(node)
-            fn = emitter.bind(fast, node.target.__name__) if fast is not None else emitter.op(node.target)
+            inplace = inplace_callable(node) if node.users else None
+            fast = inplace or fast_callable(node)
+            hint = f"{node.target.__name__}{'_inplace' if inplace else ''}"
+            fn = emitter.bind(fast, hint) if fast is not None else emitter.op(node.target)
             expr = f"{fn}({', '.join(args)})"
         else:
             raise NotImplementedError(f"aten backend: unsupported node {node.format_node()}")

@@ -108,3 +108,26 @@ def test_fast_binding_is_used_only_when_it_dispatches_to_the_same_overload():
     to_copy = make_fx(lambda t: t.to(torch.float64), tracing_mode="fake")(torch.randn(2))
     node = next(n for n in to_copy.graph.nodes if n.op == "call_function")
     assert fast_callable(node) is None
+
+
+def test_inplace_only_on_dying_fresh_values():
+    def fn(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        a = torch.sin(x) * 2  # sin's result dies at mul: written in place
+        view = a.view(-1)  # a is read twice (view and add): not in place
+        b = a + y
+        c = torch.exp(y) + 1  # exp's result dies: in place
+        d = torch.arange(3) + 0.5  # int -> float changes dtype: not in place
+        e = torch.cos(y) * torch.ones(2, 3, 3)  # broadcasting grows the shape: not in place
+        return b, view, c, d, e
+
+    x, y = torch.randn(3, 3), torch.randn(3, 3)
+    gm = make_fx(fn, tracing_mode="fake")(x, y)
+    run = compile_aten(gm)
+    inplace = {line.split("=")[1].split("(")[0].strip() for line in run.source.splitlines() if "_inplace_" in line}
+    assert {name.rsplit("_inplace_", 1)[0] for name in inplace} == {"mul_Tensor", "add_Tensor"}
+    assert run.source.count("_inplace_") == 2  # sin*2 and exp+1; not a+y, arange+0.5, cos*ones
+    x_before, y_before = x.clone(), y.clone()
+    for got, want in zip(run([x, y]), fn(x, y)):
+        torch.testing.assert_close(got, want)
+    torch.testing.assert_close(x, x_before)  # graph inputs are never written
+    torch.testing.assert_close(y, y_before)
