@@ -97,7 +97,7 @@ class AirgraphBackend:
 
         segments = partition(gm)
         lower_segments(segments, "interpreter" if config.debug.run_eagerly else config.kernel_backend, kind=kind)
-        run = build_executor(gm, segments)
+        run = build_executor(gm, segments, device)
         if not (len(segments) == 1 and run is segments[0].compiled):
             _report_output_strides(gm)
 

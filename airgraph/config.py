@@ -227,11 +227,21 @@ class DebugConfig(OptionGroup):
         allowed="a folder path (str) or None",
         env="AIRGRAPH_GRAPH_DUMP",
     )
+    trace_path = Option(
+        None,
+        "airgraph.explain also profiles one more run (torch.profiler) and writes a Chrome/Perfetto trace here.",
+        kind=(str, type(None)),
+        allowed="a .json file path (str) or None",
+    )
 
 
 class PassesConfig(OptionGroup):
     """One switch per pass of the pipeline (airgraph/passes/pipeline.py), named after the pass."""
 
+    streams = Option(
+        True,
+        "Turn stream scopes and tagged events into per-node streams and event edges (off: all on one stream).",
+    )
     dead_code_elimination = Option(True, "Remove nodes whose results are never used and have no side effects.")
     remove_noops = Option(True, "Remove ops that return their input unchanged (same-shape views, x + 0, x * 1, ...).")
 

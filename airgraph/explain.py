@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from typing import Any
 
@@ -22,6 +23,8 @@ def explain(fn: Any, *args: Any, config: CompilerConfig | None = None, **kwargs:
     before = Counter(torch._dynamo.utils.counters["graph_break"])
     compiled = torch.compile(fn, backend=backend)
     compiled(*args, **kwargs)
+    if backend.config.debug.trace_path:
+        write_trace(compiled, args, kwargs, backend.config.debug.trace_path)
     after = Counter(torch._dynamo.utils.counters["graph_break"])
     breaks = sorted((after - before).elements())
     return ExplainReport(
@@ -30,3 +33,19 @@ def explain(fn: Any, *args: Any, config: CompilerConfig | None = None, **kwargs:
         dynamo_graphs=backend.dynamo_graphs,
         graph_breaks=breaks,
     )
+
+
+def write_trace(fn: Any, args: tuple, kwargs: dict, path: str) -> None:
+    """Profile one call of ``fn`` and write a Chrome/Perfetto trace (open it in ui.perfetto.dev), e.g. to see
+    side streams overlap."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(ProfilerActivity.CUDA)
+    with profile(activities=activities) as prof:
+        fn(*args, **kwargs)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    prof.export_chrome_trace(path)

@@ -118,6 +118,20 @@ def nodes_table(graph: GraphReport) -> Table:
     return _table("nodes", NODE_COLUMNS, graph.nodes)
 
 
+EVENT_COLUMNS = [
+    Column("event", lambda e: e["tag"]),
+    Column("recorded by", lambda e: e["record"]),
+    Column("on stream", lambda e: _opt(e["record_stream"], "caller")),
+    Column("waited by", lambda e: e["wait"]),
+    Column("on stream", lambda e: _opt(e["wait_stream"], "caller")),
+]
+
+
+def events_table(graph: GraphReport) -> Table:
+    """Event edges (record -> wait) from the streams pass."""
+    return _table("event edges", EVENT_COLUMNS, graph.events)
+
+
 def render_report(report: ExplainReport, console: Console) -> None:
     """Print the whole report: a summary, then per graph its header, passes, segments and nodes."""
     config = report.config or {}
@@ -134,4 +148,6 @@ def render_report(report: ExplainReport, console: Console) -> None:
         console.print(graph_header(graph))
         console.print(passes_table(graph))
         console.print(segments_table(graph))
+        if graph.events:
+            console.print(events_table(graph))
         console.print(nodes_table(graph))

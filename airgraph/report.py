@@ -66,6 +66,9 @@ class GraphReport:
     capture_keys: int = 0
     recaptures: int = 0
     compile_seconds: float = 0.0
+    # Event edges from the streams pass: {"tag", "record", "record_stream", "wait", "wait_stream"}.
+    events: list[dict] = field(default_factory=list)
+    stream_priorities: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -64,5 +64,8 @@ def lower_segments(segments: list[Segment], requested: str, *, kind: str) -> Non
     if requested not in KERNEL_BACKENDS:
         raise ValueError(f"unknown kernel backend {requested!r}; known: {', '.join(KERNEL_BACKENDS)}")
     for seg in segments:
+        if seg.kind != "compute":
+            seg.backend = seg.kind
+            continue
         seg.backend = backend_for(seg, requested)
         seg.compiled = KERNEL_BACKENDS[seg.backend](seg.gm, seg.example_inputs(), kind=kind)

@@ -13,6 +13,9 @@ from typing import Any
 
 import torch
 
+from airgraph.ops import EVENT_RECORD, EVENT_WAIT, RECORD_STREAM
+
+SYNC_OPS = frozenset({EVENT_RECORD, EVENT_WAIT, RECORD_STREAM})
 DEVICE = "device"
 HOST = "host"
 
@@ -29,6 +32,9 @@ class Segment:
     nodes: list[torch.fx.Node]
     inputs: list[torch.fx.Node] = field(default_factory=list)
     outputs: list[torch.fx.Node] = field(default_factory=list)
+    # "compute" segments are lowered by a kernel backend; a "sync" segment is one event record, event wait or
+    # record_tagged_stream that the executor performs itself.
+    kind: str = "compute"
     gm: torch.fx.GraphModule | None = None
     backend: str = ""
     # Boxed callable: takes a list of input values (cleared), returns a sequence of outputs.
@@ -53,7 +59,12 @@ def partition(gm: torch.fx.GraphModule) -> list[Segment]:
             node.meta["segment"] = source.meta["segment"]
             continue
         key = segment_key(node)
-        if not segments or (segments[-1].placement, segments[-1].stream) != key:
+        if node.target in SYNC_OPS:
+            segments.append(Segment(id=len(segments), placement=key[0], stream=key[1], nodes=[node], kind="sync"))
+            node.meta["segment"] = segments[-1].id
+            continue
+        last = segments[-1] if segments else None
+        if last is None or last.kind == "sync" or (last.placement, last.stream) != key:
             segments.append(Segment(id=len(segments), placement=key[0], stream=key[1], nodes=[]))
         segments[-1].nodes.append(node)
         node.meta["segment"] = segments[-1].id
@@ -72,7 +83,8 @@ def partition(gm: torch.fx.GraphModule) -> list[Segment]:
         # Graph outputs first, in output order, so a lone segment's outputs are the graph's outputs.
         first = [n for n in dict.fromkeys(graph_outputs) if n in members]
         seg.outputs = first + [n for n in escaping if n not in set(first)]
-        seg.gm = _build_module(gm, seg)
+        if seg.kind == "compute":
+            seg.gm = _build_module(gm, seg)
     return segments
 
 

@@ -11,12 +11,15 @@ import torch
 from airgraph.passes.base import CompileContext, PassResult
 from airgraph.passes.dce import dead_code_elimination
 from airgraph.passes.remove_noops import remove_noops
+from airgraph.passes.streams import streams
 from airgraph.report import PassReport
 
 Pass = Callable[[torch.fx.GraphModule, CompileContext], PassResult]
 
-# Order matters: no-op removal leaves dead producers behind that DCE then sweeps.
+# Order matters: streams first (every later pass sees node.meta["stream"]); no-op removal leaves dead
+# producers behind that DCE then sweeps.
 PIPELINE: list[tuple[str, Pass]] = [
+    ("streams", streams),
     ("remove_noops", remove_noops),
     ("dead_code_elimination", dead_code_elimination),
 ]
