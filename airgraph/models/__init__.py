@@ -1,5 +1,6 @@
 """Reference models for demos, benchmarks and tests."""
 
+from airgraph.models.branches import TwoBranch, two_branch_inputs
 from airgraph.models.llama import (
     Attention,
     FeedForward,
@@ -21,7 +22,9 @@ __all__ = [
     "RMSNorm",
     "TinyLlama",
     "TransformerBlock",
+    "TwoBranch",
     "build_tiny_llama",
     "decode_inputs",
     "prefill_inputs",
+    "two_branch_inputs",
 ]
