@@ -169,3 +169,16 @@ def test_inspect_shows_streams_and_event_edges(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "event edges" in out and "66" in out and "77" in out
     assert "sync" in out  # the event segments
+
+
+@pytest.mark.parametrize("kernel_backend", ["aten", "inductor"])
+def test_two_branch_model_matches_single_stream_and_eager(kernel_backend):
+    from airgraph.models import TwoBranch, two_branch_inputs
+
+    inputs = two_branch_inputs(4, 32)
+    multi, single = TwoBranch(32, 3, streams=True), TwoBranch(32, 3, streams=False)
+    compiled, backend = compile_with(multi, kernel_backend=kernel_backend, fullgraph=True)
+    with torch.no_grad():
+        assert_close(compiled(*inputs), single(*inputs))
+    streams = {s.stream for s in backend.reports[0].segments}
+    assert streams == {"left", "right", None}
