@@ -182,6 +182,9 @@ class GraphCapture:
         with torch.cuda.stream(side):
             outputs = self._run(args)
         caller.wait_stream(side)
+        for out in outputs:  # allocated on the side stream, used on the caller's: don't reuse them early
+            if isinstance(out, torch.Tensor) and out.is_cuda:
+                out.record_stream(caller)
         return outputs
 
     def _record(self, entry: _Key, args: list) -> None:
