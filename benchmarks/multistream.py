@@ -1,9 +1,8 @@
-"""Multi-stream benchmark (issue #3): two independent branches, multi-stream vs single stream.
+"""Multi-stream benchmark (issue #3): two independent branches, on side streams vs on one stream.
 
-In reduce-overhead on CUDA the whole multi-stream DAG is one captured CUDA graph. Targets (GPU):
-small branches (each well under half the SMs): single / multi latency >= 1.3x (aim 1.4x); branches that
-saturate the GPU: multi-stream at most 3% slower than single stream. On the CPU there are no device
-streams: both variants run the same ordered executor (recorded for completeness).
+Targets (GPU, reduce-overhead): small branches (each well under half the SMs): one-stream / two-stream
+latency >= 1.3x (aim 1.4x); branches that saturate the GPU: two streams at most 3% slower. On the CPU there
+are no device streams; both variants run the same ordered executor (recorded for completeness).
 
     python benchmarks/multistream.py [--device auto] [--mode reduce-overhead] [--output PATH]
 """
@@ -11,46 +10,11 @@ streams: both variants run the same ordered executor (recorded for completeness)
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
-import torch
+from rich.console import Console
 
-import airgraph
-from airgraph.bench import environment, resolve_device, write_json
-from airgraph.models import TwoBranch, two_branch_inputs
-
-CASES = {  # name: (batch, dim, depth)
-    "small": (16, 256, 8),
-    "saturating": (8192, 4096, 4),
-}
-
-
-def measure(model: torch.nn.Module, inputs, mode: str, kernel_backend: str, device, steps: int) -> dict:
-    config = airgraph.CompilerConfig()
-    config.mode = mode
-    config.kernel_backend = kernel_backend
-    torch._dynamo.reset()
-    backend = airgraph.get_backend(config)
-    step = torch.compile(model, backend=backend, fullgraph=True)
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    with torch.no_grad():
-        for _ in range(5):
-            step(*inputs)
-        sync()
-        samples = []
-        for _ in range(steps):
-            start = time.perf_counter()
-            step(*inputs)
-            sync()
-            samples.append((time.perf_counter() - start) * 1e3)
-        out = step(*inputs)
-    return {
-        "median_ms": statistics.median(samples),
-        "captured": any(r.captured for r in backend.reports),
-        "streams": sorted({s.stream for r in backend.reports for s in r.segments if s.stream}),
-        "output": out,
-    }
+from airgraph.bench import write_json
+from airgraph.bench_streams import CASES, multistream_table, run_multistream
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,32 +26,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cases", default=None, help="comma list of: " + ", ".join(CASES))
     parser.add_argument("--output", default=None)
     args = parser.parse_args(argv)
-    device = resolve_device(args.device)
-    cases = args.cases.split(",") if args.cases else (list(CASES) if device.type == "cuda" else ["small"])
-    results = {}
-    for name in cases:
-        batch, dim, depth = CASES[name]
-        inputs = two_branch_inputs(batch, dim, device=device)
-        row = {}
-        for streams in (False, True):
-            model = TwoBranch(dim, depth, streams=streams).to(device)
-            row["multi" if streams else "single"] = measure(
-                model, inputs, args.mode, args.kernel_backend, device, args.steps
-            )
-        torch.testing.assert_close(row["multi"].pop("output"), row["single"].pop("output"), atol=1e-3, rtol=1e-3)
-        row["single_over_multi"] = row["single"]["median_ms"] / row["multi"]["median_ms"]
-        results[name] = row
-        print(f"{name:11s} single {row['single']['median_ms']:.4f} ms  multi {row['multi']['median_ms']:.4f} ms  "
-              f"single/multi {row['single_over_multi']:.3f}  streams {row['multi']['streams']}")  # fmt: skip
-    report = {
-        **environment(device),
-        "benchmark": "multistream",
-        "settings": {"mode": args.mode, "kernel_backend": args.kernel_backend, "steps": args.steps, "cases": CASES},
-        "results": results,
-        "targets": {"small single/multi": ">= 1.3 (aim 1.4)", "saturating single/multi": ">= 0.97"},
-    }
-    output = args.output or f"benchmarks/results/multistream_{device.type}.json"
-    write_json(report, output)
+    result = run_multistream(
+        device=args.device,
+        mode=args.mode,
+        kernel_backend=args.kernel_backend,
+        steps=args.steps,
+        cases=args.cases.split(",") if args.cases else None,
+    )
+    Console().print(multistream_table(result))
+    output = args.output or f"benchmarks/results/multistream_{result['settings']['device_type']}.json"
+    write_json(result, output)
     print(f"wrote {output}")
     return 0
 
