@@ -1,7 +1,11 @@
-"""The ``airgraph`` command (also ``python -m airgraph``): demo, bench, inspect.
+"""The ``airgraph`` command (also ``python -m airgraph``): demo, bench, inspect, export, run.
 
-Exit codes: 0 success; 1 a mode's outputs differ from eager (demo, bench); 2 a usage error (bad option,
-unknown subcommand, an inspect target that cannot be loaded).
+``airgraph run`` is dispatched to ``airgraph.export.runner`` before anything imports torch: this module
+imports torch (and ``airgraph.bench``) only inside the commands that need it.
+
+Exit codes: 0 success; 1 a mode's outputs differ from eager (demo, bench), a model that cannot be
+exported (export), outputs that differ from the reference (run --check); 2 a usage error (bad option,
+unknown subcommand, a target that cannot be loaded, a refused export path).
 """
 
 from __future__ import annotations
@@ -14,11 +18,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
 from rich.console import Console
 
 import airgraph
-from airgraph import bench
 from airgraph.config import CompilerConfig
 from airgraph.inspect_report import render_report
 
@@ -26,13 +28,14 @@ __all__ = ["DEMO_SETTINGS", "CliError", "build_parser", "load_example", "main"]
 
 # What `airgraph demo` measures: about 30 s on a 2-core CPU with cold Inductor caches, mostly the two C++
 # compiles (torch.compile and airgraph max-autotune); the decode steps themselves take well under a second.
+# None: run_bench's default (bench.DEFAULT_STEPS, bench.DEFAULT_WARMUP, bench.default_modes(device)).
 DEMO_SETTINGS: dict[str, Any] = {
     "preset": "tiny",
     "batch": 1,
-    "steps": bench.DEFAULT_STEPS,
-    "warmup": bench.DEFAULT_WARMUP,
+    "steps": None,
+    "warmup": None,
     "kernel_backend": "inductor",
-    "modes": None,  # bench.default_modes(device)
+    "modes": None,
 }
 EXAMPLE_SIGNATURE = "def airgraph_example() -> (fn_or_module, args) or (fn_or_module, args, kwargs)"
 
@@ -47,6 +50,9 @@ class CliError(Exception):
 
 # -- parser ---------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
+    from airgraph import bench
+    from airgraph.export.commands import add_export_parsers
+
     docs = CompilerConfig().describe()
     parser = argparse.ArgumentParser(
         prog="airgraph", description="airgraph: a graph-mode torch.compile backend for CUDA GPUs and CPUs."
@@ -112,11 +118,17 @@ def build_parser() -> argparse.ArgumentParser:
     llama.add_argument("--prompt-len", type=int, default=8, help="prefill length; decode runs at this position")
     llama.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda, cuda:N")
     ins.set_defaults(handler=cmd_inspect)
+    add_export_parsers(sub, docs)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``airgraph`` console script; returns the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["run"]:  # before anything imports torch
+        from airgraph.export.runner import main as run_main
+
+        return run_main(argv[1:], prog="airgraph run")
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -132,6 +144,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 # -- demo and bench -------------------------------------------------------------------------------------
 def _run_bench(console: Console, show_progress: bool, **kwargs: Any) -> dict[str, Any]:
+    from airgraph import bench
+
+    kwargs = {k: v for k, v in kwargs.items() if v is not None}  # None: run_bench's default
     try:
         return bench.run_bench(progress=show_progress, console=Console(stderr=True), **kwargs)
     except ValueError as exc:
@@ -139,6 +154,8 @@ def _run_bench(console: Console, show_progress: bool, **kwargs: Any) -> dict[str
 
 
 def _finish(result: dict[str, Any], output: str | None, console: Console) -> int:
+    from airgraph import bench
+
     bench.print_results(result, console)
     if output:
         path = bench.write_json(result, output)
@@ -154,6 +171,8 @@ def _finish(result: dict[str, Any], output: str | None, console: Console) -> int
 
 
 def cmd_demo(args: argparse.Namespace, console: Console) -> int:
+    from airgraph import bench
+
     device = bench.resolve_device("auto")
     console.print(
         f"[bold]airgraph demo[/]: tiny LLaMA decode step on {device}: eager vs torch.compile vs airgraph "
@@ -188,6 +207,10 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
 
 # -- inspect --------------------------------------------------------------------------------------------
 def cmd_inspect(args: argparse.Namespace, console: Console) -> int:
+    import torch
+
+    from airgraph import bench
+
     config = CompilerConfig()
     try:
         if args.mode is not None:
@@ -214,6 +237,9 @@ def cmd_inspect(args: argparse.Namespace, console: Console) -> int:
 
 
 def _tiny_llama_example(args: argparse.Namespace) -> tuple[Any, tuple, dict]:
+    import torch
+
+    from airgraph import bench
     from airgraph.models import build_tiny_llama, decode_inputs, prefill_inputs
 
     try:

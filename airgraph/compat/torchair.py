@@ -8,14 +8,17 @@ config = CompilerConfig()
 config.mode = "reduce-overhead"
 backend = get_npu_backend(compiler_config=config)
 model = torch.compile(model, backend=backend, fullgraph=True)   # .npu() -> .cuda()
+
+tng.dynamo_export(x, y, model=model, dynamic=False)  # export_file/export.onnx (ONNX, not AIR)
 """
 
 from __future__ import annotations
 
+from airgraph import dynamo_export
 from airgraph.backend import AirgraphBackend, get_backend
 from airgraph.config import CompilerConfig
 
-__all__ = ["CompilerConfig", "get_compiler", "get_npu_backend"]
+__all__ = ["CompilerConfig", "dynamo_export", "get_compiler", "get_npu_backend"]
 
 
 def get_npu_backend(*, compiler_config: CompilerConfig | None = None) -> AirgraphBackend:

@@ -1,0 +1,205 @@
+"""Capture: the eager reference run and Dynamo's one-graph capture (``torch.export.export(strict=True)``).
+
+Failures become :class:`ExportError` naming what went wrong and the user's source line.
+
+Dynamic dims (``dynamic=True``): dims 0 and 1 of every tensor input (batch and sequence by convention) are
+``Dim.AUTO``: symbolic unless the model pins them (``nn.Linear`` pins a feature dim, a broadcast ties two
+dims into one symbol). Other dims stay static. A dim exported at size 0 or 1 stays static (torch.export
+specializes sizes 0 and 1), so export with sizes >= 2 for the dims that should vary.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from airgraph.export.errors import ExportError
+
+__all__ = [
+    "DYNAMIC_AXES",
+    "Reference",
+    "call_quietly",
+    "capture",
+    "conversion_error",
+    "dynamic_shapes_spec",
+    "eager_reference",
+    "user_source",
+]
+
+DYNAMIC_AXES = (0, 1)
+_TORCH_DIR = os.path.dirname(torch.__file__)
+_AIRGRAPH_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_FRAME = re.compile(r'File "([^"]+)", line (\d+)[^\n]*(?:\n[ \t]*([^\n]*))?')
+Frame = tuple[str, int, str]  # file, line, code
+
+
+@dataclass
+class Reference:
+    """Flat tensor inputs and outputs of the eager run (non-tensor leaves are constants of the export)."""
+
+    inputs: list[torch.Tensor]
+    outputs: list[torch.Tensor]
+    non_tensor_outputs: int
+
+
+def _is_user_file(filename: str) -> bool:
+    if filename.startswith(("<frozen", "<eval_with_key")):
+        return False
+    path = os.path.abspath(filename)
+    return not path.startswith((_TORCH_DIR + os.sep, os.path.join(_AIRGRAPH_DIR, "export") + os.sep))
+
+
+def user_source(frames: Sequence[Frame]) -> tuple[str | None, str]:
+    """``("file:line", code)`` of the innermost frame outside torch and airgraph.export, or ``(None, "")``."""
+    for filename, line, code in reversed(list(frames)):
+        if _is_user_file(filename):
+            return f"{filename}:{line}", code.strip()
+    return None, ""
+
+
+def _frames_of_text(text: str) -> list[Frame]:
+    return [(m.group(1), int(m.group(2)), m.group(3) or "") for m in _FRAME.finditer(text or "")]
+
+
+def _frames_of_exception(exc: BaseException) -> list[Frame]:
+    stack = getattr(exc, "real_stack", None)  # Dynamo: the user's frames at the failure
+    if stack:
+        return [(f.filename, f.lineno or 0, f.line or "") for f in stack]
+    frames = _frames_of_text(str(exc))
+    if frames:
+        return frames
+    tb, out = exc.__traceback__, []
+    while tb is not None:
+        out.append((tb.tb_frame.f_code.co_filename, tb.tb_lineno, ""))
+        tb = tb.tb_next
+    return out
+
+
+@torch.no_grad()
+def eager_reference(model: torch.nn.Module, args: tuple, kwargs: dict) -> Reference:
+    """Run the model eagerly; buffers it updates in place (KV caches) are restored afterwards."""
+    buffers = [(b, b.detach().clone()) for b in model.buffers()]
+    try:
+        result = model(*args, **kwargs)
+    finally:
+        for buf, saved in buffers:
+            buf.copy_(saved)
+    inputs = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+    leaves = pytree.tree_leaves(result)
+    outputs = [t.detach().clone() for t in leaves if isinstance(t, torch.Tensor)]
+    return Reference([t.detach().clone() for t in inputs], outputs, len(leaves) - len(outputs))
+
+
+def dynamic_shapes_spec(model: torch.nn.Module, args: tuple, kwargs: dict) -> dict[str, Any]:
+    """``dynamic_shapes`` for torch.export: ``Dim.AUTO`` on dims 0 and 1 of every tensor input, by argument name."""
+    auto = torch.export.Dim.AUTO
+
+    def spec(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return {axis: auto for axis in DYNAMIC_AXES if axis < value.ndim} or None
+        return None
+
+    try:
+        bound = inspect.signature(model.forward).bind(*args, **kwargs)
+    except TypeError as exc:
+        detail = f"the example inputs do not fit {type(model).__name__}.forward: {exc}"
+        raise ExportError("invalid argument", detail) from None
+    return {name: pytree.tree_map(spec, value) for name, value in bound.arguments.items()}
+
+
+def _classify(exc: BaseException) -> tuple[str, str]:
+    """(kind, first line of the explanation) of a torch.export failure."""
+    text = str(exc).strip()
+    lines = [line for line in text.splitlines() if line.strip()]
+    first = lines[0].strip() if lines else type(exc).__name__
+    lowered = text.lower()
+    name = type(exc).__name__
+    if "data-dependent branching" in lowered or "dynamic control flow" in lowered:
+        return "data-dependent control flow", first
+    if name in ("GuardOnDataDependentSymNode", "DataDependentOutputException") or "data-dependent" in lowered:
+        return "data-dependent shape", first
+    if name in ("Unsupported", "UncapturedHigherOrderOpError") or "graph break" in lowered:
+        return "graph break", first
+    return "capture failed", f"{name}: {first}"
+
+
+def capture(
+    model: torch.nn.Module, args: tuple, kwargs: dict, *, dynamic: bool
+) -> tuple[torch.export.ExportedProgram, dict[str, Any] | None]:
+    """Dynamo captures the model as one graph; returns the program and the dynamic_shapes given."""
+    shapes = dynamic_shapes_spec(model, args, kwargs) if dynamic else None
+    try:
+        program = torch.export.export(model, args, kwargs, dynamic_shapes=shapes, strict=True)
+    except Exception as exc:
+        kind, detail = _classify(exc)
+        hint = {
+            "graph break": "the exported model must be one graph (fullgraph): remove the unsupported code",
+            "data-dependent control flow": "use torch.where or torch.cond instead of a Python if on a tensor",
+            "data-dependent shape": "shapes must not depend on tensor values",
+        }.get(kind)
+        source, code = user_source(_frames_of_exception(exc))
+        message = f"{detail}{f' in `{code}`' if code else ''}{f' ({hint})' if hint else ''}"
+        raise ExportError(kind, message, source=source) from exc
+    return program, shapes
+
+
+def conversion_error(exc: BaseException, program: torch.export.ExportedProgram) -> ExportError:
+    """An :class:`ExportError` for a torch.onnx failure: the op it could not lower and the user's line."""
+    text = "\n".join(str(e) for e in _exception_chain(exc))
+    target = re.search(r"target=([\w.:]+)\]", text) or re.search(
+        r"No ONNX function found for <OpOverload\(op='([^']+)'", text
+    )
+    node_name = re.search(r"translating node %(\w+)", text)
+    op = target.group(1).removeprefix("torch.ops.") if target else None
+    source, code = None, ""
+    for node in program.graph.nodes:
+        matches_name = node_name is not None and node.name == node_name.group(1)
+        matches_op = op is not None and str(node.target).removeprefix("torch.ops.") == op
+        if node.op == "call_function" and (matches_name or matches_op):
+            source, code = user_source(_frames_of_text(node.meta.get("stack_trace") or ""))
+            if source:
+                break
+    if op is None:
+        return ExportError("conversion failed", _first_line(exc), source=source)
+    where = f" (called in `{code}`)" if code else ""
+    return ExportError("unsupported op", f"the ONNX exporter has no lowering for it{where}", source=source, op=op)
+
+
+def _exception_chain(exc: BaseException) -> list[BaseException]:
+    chain: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and current not in chain:
+        chain.append(current)
+        current = current.__cause__ or current.__context__
+    return chain
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"
+
+
+def call_quietly(fn: Callable[[], Any]) -> Any:
+    """Run ``fn`` with torch.onnx's registry warnings (torchvision missing) and onnx_ir's chatter silenced."""
+    import logging
+    import warnings
+
+    names = ("torch.onnx._internal.exporter._registration", "onnx_ir.passes.common.initializer_deduplication")
+    loggers = [logging.getLogger(n) for n in names]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r".*LeafSpec.*", category=FutureWarning)
+            return fn()
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
