@@ -182,3 +182,27 @@ def test_two_branch_model_matches_single_stream_and_eager(kernel_backend):
         assert_close(compiled(*inputs), single(*inputs))
     streams = {s.stream for s in backend.reports[0].segments}
     assert streams == {"left", "right", None}
+
+
+def test_seed_model_through_torchair_names():
+    from types import SimpleNamespace
+
+    from airgraph.compat import torchair as tng
+
+    api = SimpleNamespace(
+        create_event=tng.ops.npu_create_tagged_event,
+        record=tng.ops.npu_tagged_event_record,
+        wait=tng.ops.npu_tagged_event_wait,
+        record_stream=tng.ops.npu_record_tagged_stream,
+        stream_switch=tng.scope.npu_stream_switch,
+    )
+    model, inputs = SeedModel(api), seed_inputs()
+    config = tng.CompilerConfig()
+    config.mode = "reduce-overhead"
+    config.kernel_backend = "aten"
+    backend = tng.get_npu_backend(compiler_config=config)
+    compiled = torch.compile(model, backend=backend, dynamic=False, fullgraph=True)
+    for got, want in zip(compiled(*inputs), model(*inputs)):
+        assert_close(got, want)
+    streams = {n.target: n.stream for n in backend.reports[0].nodes if n.target == "aten.mm.default"}
+    assert len(backend.reports[0].events) == 2 and streams
