@@ -78,6 +78,19 @@ def build_parser() -> argparse.ArgumentParser:
         "speedup over eager, compile time, CUDA graphs captured, and a comparison of every step's logits "
         "with eager. Exits 1 if any mode's outputs differ from eager.",
     )
+    b.add_argument(
+        "--model",
+        default="tiny-llama",
+        choices=["tiny-llama", "two-branch"],
+        help="tiny-llama: the decode step under --modes; two-branch: the multi-stream model, side streams vs one "
+        "stream, in airgraph --mode (default: %(default)s)",
+    )
+    b.add_argument(
+        "--mode",
+        default="reduce-overhead",
+        choices=["max-autotune", "reduce-overhead"],
+        help="two-branch only: the airgraph mode (default: %(default)s)",
+    )
     b.add_argument("--preset", default="tiny", help="model preset: tiny, small, micro (default: %(default)s)")
     b.add_argument("--batch", type=int, default=1, help="sequences per decode step (default: %(default)s)")
     b.add_argument("--steps", type=int, default=bench.DEFAULT_STEPS, help="timed steps (default: %(default)s)")
@@ -184,10 +197,37 @@ def cmd_demo(args: argparse.Namespace, console: Console) -> int:
             "uncaptured (CUDA graphs need CUDA), and torch.compile's reduce-overhead is left out.[/]"
         )
     result = _run_bench(console, not args.no_progress, device="auto", **DEMO_SETTINGS)
-    return _finish(result, args.output, console)
+    console.print("[bold]in-graph multi-stream[/]: two independent branches on side streams vs on one stream")
+    streams = _run_multistream(console, device="auto", mode="reduce-overhead", steps=50, cases=["small"])
+    result["multistream"] = streams
+    code = _finish(result, args.output, console)
+    if not all(r["ok"] for r in streams["results"].values()):
+        console.print("[red]the two-branch model's outputs differ between side streams and one stream[/]")
+        return 1
+    return code
+
+
+def _run_multistream(console: Console, **kwargs: Any) -> dict[str, Any]:
+    from airgraph.bench_streams import multistream_table, run_multistream
+
+    try:
+        result = run_multistream(**kwargs)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    console.print(multistream_table(result))
+    return result
 
 
 def cmd_bench(args: argparse.Namespace, console: Console) -> int:
+    if args.model == "two-branch":
+        from airgraph import bench
+
+        result = _run_multistream(
+            console, device=args.device, mode=args.mode, kernel_backend=args.kernel_backend, steps=args.steps
+        )
+        if args.output:
+            console.print(f"wrote {bench.write_json(result, args.output)}", highlight=False)
+        return 0 if all(r["ok"] for r in result["results"].values()) else 1
     result = _run_bench(
         console,
         not args.no_progress,

@@ -257,3 +257,16 @@ def test_python_dash_m_help():
     assert done.returncode == 0, done.stderr
     for command in ("demo", "bench", "inspect"):
         assert command in done.stdout
+
+
+def test_bench_two_branch_model(tmp_path, capsys):
+    out = tmp_path / "streams.json"
+    code = cli.main(
+        ["bench", "--model", "two-branch", "--device", "cpu", "--kernel-backend", "aten", "--steps", "3",
+         "--output", str(out)]
+    )  # fmt: skip
+    assert code == 0
+    data = json.loads(out.read_text())
+    small = data["results"]["small"]
+    assert small["ok"] is True and small["multi"]["streams"] == ["left", "right"] and small["single"]["streams"] == []
+    assert "two-branch model" in capsys.readouterr().out
