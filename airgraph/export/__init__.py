@@ -5,8 +5,11 @@ onnx and onnxscript) loads on first use, and ``airgraph.export.runner`` (numpy a
 runs an export in a process that never imports torch.
 
 Modules, in the order the data flows: ``layout`` (file names, atomic commit), ``capture`` (Dynamo
-capture, errors), ``convert`` (torch.onnx, optimizer, module paths), ``weights`` (inline or external
-weights), ``pbtxt`` (readable graph), ``exporter`` (``dynamo_export`` and export.json), ``runner``.
+capture, errors), ``collectives`` (torch collectives -> com.microsoft AllReduce/AllGather), ``convert``
+(torch.onnx, optimizer, module paths), ``weights`` (inline or external weights), ``pbtxt`` (readable graph),
+``exporter`` (``dynamo_export``, export.json, multi-rank), ``atc_config`` (TorchAir's deployment JSON files),
+``runner`` (torch-free onnxruntime runner; launches mpiexec for multi-rank exports), ``mpi_runner`` (one rank:
+onnxruntime stages between collectives served by mpi4py).
 """
 
 from __future__ import annotations

@@ -45,13 +45,24 @@ def to_onnx(
     *,
     n_outputs: int,
     record_module_path: bool,
+    translations: dict[Any, Any] | None = None,
 ) -> tuple[ir.Model, dict[str, str]]:
-    """The optimized ONNX model (onnx_ir) of a captured program, and the renaming of its dynamic dims."""
+    """The optimized ONNX model (onnx_ir) of a captured program, and the renaming of its dynamic dims.
+
+    ``translations`` is torch.onnx's ``custom_translation_table`` (the collectives, ``collectives.py``).
+    """
     names = output_names(n_outputs)
 
     def convert() -> Any:
         return torch.onnx.export(
-            program, args, kwargs=kwargs, dynamo=True, optimize=False, verbose=False, output_names=names
+            program,
+            args,
+            kwargs=kwargs,
+            dynamo=True,
+            optimize=False,
+            verbose=False,
+            output_names=names,
+            custom_translation_table=translations,
         )
 
     try:

@@ -34,7 +34,17 @@ not change the model.
 - ``timings_s``: capture, eager_reference, convert, write, total (seconds);
 - ``config``: ``config.export`` as a dict; ``versions``: airgraph, torch, onnx, onnxscript, onnxruntime,
   python; ``created``: UTC time;
-- ``files``: ``{relative path: {"bytes", "sha256"}}`` of every other file of the export.
+- ``files``: ``{relative path: {"bytes", "sha256"}}`` of every other file of the export;
+- ``distributed``: null for a single-process export; in a multi-rank export (torch.distributed initialized
+  when ``dynamo_export`` ran) ``{"world_size", "backend", "groups": {group name: [global ranks]},
+  "collectives": [...]}``, the collectives as ``collectives.collective_nodes`` lists them (node, op, group,
+  reduce op, axis, input, output).
+
+Multi-rank: every rank calls ``dynamo_export`` with the same export_path and export_name; rank r writes
+``<export_name><r>.onnx`` and ``rank_<r>/`` (layout.py). Collectives become com.microsoft AllReduce /
+AllGather nodes (collectives.py). With ``config.export.experimental.auto_atc_config_generated`` every rank
+then takes part in one ``all_gather_object`` (also when its export failed, so none waits forever) and rank 0
+writes ``model_relation_config.json`` and ``numa_config.json`` (atc_config.py) once all ranks succeeded.
 """
 
 from __future__ import annotations
@@ -58,7 +68,7 @@ from airgraph.config import CompilerConfig
 from airgraph.export import capture as capture_mod
 from airgraph.export.convert import MODULE_PATH_KEY, describe_values, dynamic_dims, program_tensor_names, to_onnx
 from airgraph.export.errors import ExportError
-from airgraph.export.layout import FORMAT, FORMAT_VERSION, ExportLayout, Staging, file_digest
+from airgraph.export.layout import FORMAT, FORMAT_VERSION, ExportLayout, Staging, check_export_name, file_digest
 from airgraph.export.pbtxt import render_pbtxt
 from airgraph.export.runner import TOLERANCES
 from airgraph.export.weights import write_model
@@ -101,9 +111,74 @@ def dynamo_export(
     fields of export.json: this module's docstring). ``dynamic=True`` makes dims 0 and 1 of the tensor
     inputs symbolic where the model allows. Raises :class:`ExportError` (graph break, data-dependent
     control flow, unsupported op, with the user's source line) or :class:`ExportPathError`.
+
+    With torch.distributed initialized this is one rank of a multi-rank export: ``<export_name><rank>.onnx``
+    plus ``rank_<rank>/`` (see the module docstring); every rank must call it.
     """
-    layout = ExportLayout(Path(export_path), export_name)
-    return export_model(model, args, kwargs, layout=layout, dynamic=dynamic, config=config)
+    dist_info = _distributed()
+    if dist_info is None:
+        layout = ExportLayout(Path(export_path), export_name)
+        return export_model(model, args, kwargs, layout=layout, dynamic=dynamic, config=config)
+    rank, _ = dist_info
+    check_export_name(export_name)
+    layout = ExportLayout(Path(export_path), export_name, rank)
+    config = CompilerConfig() if config is None else config
+    result: ExportResult | None = None
+    error: BaseException | None = None
+    try:
+        result = export_model(model, args, kwargs, layout=layout, dynamic=dynamic, config=config)
+    except Exception as exc:  # re-raised below, after the other ranks heard of it
+        error = exc
+    if isinstance(config, CompilerConfig) and config.export.experimental.auto_atc_config_generated:
+        written = _gather_and_write_configs(layout, result, error, args, kwargs)
+        if result is not None and written:
+            result.files.extend(written)
+    if error is not None:
+        raise error
+    assert result is not None
+    return result
+
+
+def _distributed() -> tuple[int, int] | None:
+    """(rank, world size) when torch.distributed is initialized, else None."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    return dist.get_rank(), dist.get_world_size()
+
+
+def _gather_and_write_configs(
+    layout: ExportLayout, result: ExportResult | None, error: BaseException | None, args: tuple, kwargs: dict
+) -> list[str]:
+    """Every rank sends what it wrote to all; rank 0 writes the ATC config files if all ranks succeeded."""
+    import socket
+
+    import torch.distributed as dist
+    from torch.utils import _pytree as pytree
+
+    from airgraph.export.atc_config import write_atc_configs
+
+    devices = {t.device.type for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+    distributed = (result.metadata.get("distributed") or {}) if result is not None else {}
+    mine = {
+        "rank": layout.rank,
+        "ok": error is None,
+        "error": None if error is None else str(error),
+        "model_file": layout.model,
+        "host": socket.gethostname(),
+        "device": sorted(devices)[0] if devices else "cpu",
+        "groups": distributed.get("groups", {}),
+    }
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)
+    if layout.rank != 0 or error is not None:
+        return []
+    failed = [info["rank"] for info in everyone if not info["ok"]]
+    if failed:
+        warnings.warn(f"dynamo_export: ranks {failed} failed; no ATC config files written", stacklevel=3)
+        return []
+    return write_atc_configs(layout.root, everyone)
 
 
 def export_model(
@@ -139,7 +214,19 @@ def export_model(
     timings["eager_reference"] = time.perf_counter() - tick
     tick = time.perf_counter()
     record = config.export.experimental.enable_record_nn_module_stack
-    onnx_model, renamed = to_onnx(program, args, kwargs, n_outputs=len(reference.outputs), record_module_path=record)
+    translations = None
+    if layout.rank is not None:
+        from airgraph.export.collectives import translation_table
+
+        translations = translation_table()
+    onnx_model, renamed = to_onnx(
+        program,
+        args,
+        kwargs,
+        n_outputs=len(reference.outputs),
+        record_module_path=record,
+        translations=translations,
+    )
     inputs, outputs = describe_values(onnx_model.graph.inputs), describe_values(onnx_model.graph.outputs)
     if len(inputs) != len(reference.inputs):
         raise ExportError(
@@ -149,6 +236,8 @@ def export_model(
 
     tick = time.perf_counter()
     metadata = _metadata(layout, model, program, onnx_model, inputs, outputs, dynamic, config)
+    if layout.rank is not None:
+        metadata["distributed"] = _distributed_metadata(onnx_model)
     metadata["dynamic_dims"] = dynamic_dims(program, renamed, inputs, reference.inputs)
     metadata["pinned_dims"] = _pinned(inputs, reference.inputs) if dynamic else {}
     if dynamic and any(size <= 1 for size in metadata["pinned_dims"].values()):
@@ -238,6 +327,22 @@ def _metadata(
         },
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "files": None,
+        "distributed": None,
+    }
+
+
+def _distributed_metadata(onnx_model: Any) -> dict[str, Any]:
+    import torch.distributed as dist
+
+    from airgraph.export.collectives import collective_nodes
+
+    collectives = collective_nodes(onnx_model)
+    groups = {c["group_name"]: c["group_ranks"] for c in collectives}
+    return {
+        "world_size": dist.get_world_size(),
+        "backend": str(dist.get_backend()),
+        "groups": dict(sorted(groups.items())),
+        "collectives": collectives,
     }
 
 

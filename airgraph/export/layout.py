@@ -10,9 +10,14 @@ Single process (``rank=None``)::
       reference_outputs.npz       eager PyTorch's outputs for them, one array per ONNX output name
       <weight files>              only past config.export.external_weights_threshold: one file per parameter
 
-With a rank (multi-rank exports, later), the model is ``export_path/<export_name><rank>.onnx`` and every
-other file goes to ``export_path/rank_<rank>/``, as in TorchAir; weight locations inside the model are
-relative to export_path either way.
+With a rank (multi-rank exports: torch.distributed initialized), the model is
+``export_path/<export_name><rank>.onnx`` and every other file goes to ``export_path/rank_<rank>/``, as in
+TorchAir; weight locations inside the model are relative to export_path either way. Each rank stages and
+commits only its own files (its staging directory has a unique name), and export_path itself is created
+with ``mkdir(exist_ok=True)``, so ranks exporting at once into one folder never clobber each other. With
+``auto_atc_config_generated`` rank 0 also writes ``model_relation_config.json`` and ``numa_config.json`` at
+the root (``atc_config.py``), each atomically. A multi-rank export is complete when ``rank_<r>/export.json``
+exists for every rank r below the ``distributed.world_size`` they record.
 
 Atomicity: everything is written into a hidden staging directory beside export_path (inside it when the
 parent is not writable), then moved into place with ``os.replace``: weights, pbtxt and references first,
@@ -47,7 +52,9 @@ __all__ = [
     "Staging",
     "check_export_name",
     "file_digest",
+    "rank_metadata_files",
     "weight_file_names",
+    "write_text_atomic",
 ]
 
 FORMAT = "airgraph-export"
@@ -212,6 +219,31 @@ def weight_file_names(names: Iterable[str], reserved: Iterable[str] = ()) -> dic
         taken.add(candidate.lower())
         out[name] = candidate
     return out
+
+
+def rank_metadata_files(root: str | os.PathLike[str]) -> dict[int, Path]:
+    """``{rank: root/rank_<rank>/export.json}`` of the rank folders of a multi-rank export that have one."""
+    out = {}
+    for path in Path(root).glob(f"rank_*/{METADATA_FILE}"):
+        suffix = path.parent.name.removeprefix("rank_")
+        if suffix.isdigit():
+            out[int(suffix)] = path
+    return dict(sorted(out.items()))
+
+
+def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` through a temporary file in the same folder and ``os.replace``."""
+    target = Path(path)
+    if target.is_symlink() or target.is_dir():
+        raise ExportPathError(f"target file {target} is a symbolic link or a folder")
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def file_digest(path: str | os.PathLike[str]) -> str:

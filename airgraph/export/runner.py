@@ -13,6 +13,14 @@ imports only the standard library, numpy, onnxruntime and the torch-free ``airgr
   (``--rtol`` / ``--atol`` override; integers and bools must be equal), checks every file's size and
   sha256 against ``export.json``, prints the result and exits 1 on a mismatch.
 
+Multi-rank exports (``<export_name><r>.onnx`` + ``rank_<r>/export.json`` per rank): the runner starts
+``mpiexec -n WORLD python -m airgraph.export.runner EXPORT_DIR ... --mpi-worker`` (the ``mpiexec`` beside the
+Python executable, from the ``mpich`` wheel, else the one on PATH, or ``--mpiexec PATH``); every process runs
+its rank's model and serves the collective nodes with MPI (``mpi_runner.py``). Per rank: ``--inputs`` and
+``--expected`` may hold ``{rank}`` (one file per rank; without it every rank reads the same file), ``--output
+out.npz`` writes ``out.rank<r>.npz``; output lines start with ``[rank r]``; ``--check`` checks each rank
+against its own reference outputs. The exit code is the highest of the ranks'.
+
 Exit codes: 0 success; 1 ``--check`` found a difference; 2 an unusable export, bad inputs or options.
 """
 
@@ -21,6 +29,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
+import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -30,9 +40,22 @@ from typing import Any
 
 import numpy as np
 
-from airgraph.export.layout import FORMAT, FORMAT_VERSION, METADATA_FILE, file_digest
+from airgraph.export.layout import FORMAT, FORMAT_VERSION, METADATA_FILE, file_digest, rank_metadata_files
 
-__all__ = ["TOLERANCES", "ExportInfo", "RunError", "compare", "load_export", "main", "open_session", "run_export"]
+__all__ = [
+    "TOLERANCES",
+    "ExportInfo",
+    "RunError",
+    "compare",
+    "file_digest",
+    "load_export",
+    "main",
+    "multi_rank_world",
+    "open_session",
+    "reference",
+    "run_export",
+    "save_npz",
+]
 
 # (rtol, atol) per output dtype for --check; integer and bool outputs must match exactly.
 TOLERANCES: dict[str, tuple[float, float]] = {
@@ -62,14 +85,38 @@ class ExportInfo:
         return self.root / rel
 
 
-def load_export(export_dir: str | os.PathLike[str]) -> ExportInfo:
-    """Read ``EXPORT_DIR/export.json`` and check that the files it lists are there with their sizes."""
+def multi_rank_world(export_dir: str | os.PathLike[str]) -> int | None:
+    """The world size of a multi-rank export in ``export_dir`` (None: a single-process export or none).
+
+    Raises :class:`RunError` if a rank's ``rank_<r>/export.json`` is missing (an incomplete export).
+    """
     root = Path(export_dir)
-    meta_path = root / METADATA_FILE
+    if (root / METADATA_FILE).is_file():
+        return None
+    metas = rank_metadata_files(root)
+    if not metas:
+        return None
+    try:
+        first = json.loads(next(iter(metas.values())).read_text(encoding="utf-8"))
+        world = int(first["distributed"]["world_size"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise RunError(
+            f"{root}: a rank's {METADATA_FILE} is unreadable or has no distributed.world_size: {exc}"
+        ) from None
+    missing = [r for r in range(world) if r not in metas]
+    if missing:
+        raise RunError(f"{root}: incomplete multi-rank export: no rank_<r>/{METADATA_FILE} for ranks {missing}")
+    return world
+
+
+def load_export(export_dir: str | os.PathLike[str], rank: int | None = None) -> ExportInfo:
+    """Read ``EXPORT_DIR/export.json`` (``rank_<rank>/export.json`` with a rank) and check the files it lists."""
+    root = Path(export_dir)
+    meta_path = root / METADATA_FILE if rank is None else root / f"rank_{rank}" / METADATA_FILE
     if not meta_path.is_file():
-        if any(root.glob(f"rank_*/{METADATA_FILE}")):
-            raise RunError(f"{root} holds a multi-rank export; this runner runs single-process exports")
-        raise RunError(f"{root}: no {METADATA_FILE}: not an airgraph export, or an incomplete one")
+        if rank is None and rank_metadata_files(root):
+            raise RunError(f"{root} holds a multi-rank export; run it with `airgraph run` (one process per rank)")
+        raise RunError(f"{meta_path}: missing: not an airgraph export, or an incomplete one")
     try:
         metadata = json.loads(meta_path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
@@ -148,7 +195,7 @@ def run_export(
 ) -> dict[str, np.ndarray]:
     """Run the export on ``inputs`` (default: its reference inputs); returns ``{output name: array}``."""
     info = load_export(export_dir)
-    feeds = inputs if inputs is not None else _reference(info, "inputs")
+    feeds = inputs if inputs is not None else reference(info, "inputs")
     check_inputs(info, feeds)
     return _run(open_session(info, providers), info, feeds)
 
@@ -162,7 +209,8 @@ def _run(session: Any, info: ExportInfo, feeds: dict[str, np.ndarray]) -> dict[s
     return dict(zip(names, results))
 
 
-def _reference(info: ExportInfo, which: str) -> dict[str, np.ndarray]:
+def reference(info: ExportInfo, which: str) -> dict[str, np.ndarray]:
+    """The reference ``"inputs"`` or ``"outputs"`` saved at export."""
     rel = (info.metadata.get("reference") or {}).get(which)
     if rel is None:
         reason = (info.metadata.get("reference") or {}).get("skipped", "none was saved")
@@ -198,7 +246,7 @@ def compare(
     return records
 
 
-def _save_npz(arrays: dict[str, np.ndarray], path: str) -> None:
+def save_npz(arrays: dict[str, np.ndarray], path: str) -> None:
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
@@ -229,6 +277,12 @@ def build_parser(prog: str = "python -m airgraph.export.runner") -> argparse.Arg
     parser.add_argument("--atol", type=float, default=None, help="absolute tolerance of --check (default per dtype)")
     parser.add_argument("--provider", action="append", help="onnxruntime execution provider (repeatable; default CPU)")
     parser.add_argument("--assert-no-torch", action="store_true", help="exit 2 if torch got imported (for tests)")
+    parser.add_argument(
+        "--mpiexec", metavar="PATH", help="mpiexec for a multi-rank export (default: the mpich wheel's)"
+    )
+    parser.add_argument(
+        "--mpi-worker", action="store_true", help="run as one rank under mpiexec (what `airgraph run` starts)"
+    )
     return parser
 
 
@@ -255,8 +309,15 @@ def _main(args: argparse.Namespace) -> int:
         raise RunError(
             "--check with --inputs needs --expected FILE.npz (the reference outputs fit the reference inputs)"
         )
+    if args.mpi_worker:
+        from airgraph.export.mpi_runner import worker_main
+
+        return worker_main(args, "airgraph run")
+    world = multi_rank_world(args.export_dir)
+    if world is not None:
+        return _launch_ranks(args, world)
     info = load_export(args.export_dir)
-    feeds = read_npz(args.inputs) if args.inputs else _reference(info, "inputs")
+    feeds = read_npz(args.inputs) if args.inputs else reference(info, "inputs")
     for warning in check_inputs(info, feeds):
         print(f"warning: {warning}", file=sys.stderr)
     session = open_session(info, args.provider)
@@ -270,7 +331,7 @@ def _main(args: argparse.Namespace) -> int:
     for name, array in outputs.items():
         print(f"  {name}  {_fmt(array)}")
     if args.output:
-        _save_npz(outputs, args.output)
+        save_npz(outputs, args.output)
         print(f"wrote {args.output}")
     if not args.check:
         return 0
@@ -278,7 +339,7 @@ def _main(args: argparse.Namespace) -> int:
         if file_digest(info.path(rel)) != entry["sha256"]:
             print(f"check: FAILED: {rel} differs from the file written at export (sha256)")
             return 1
-    expected = read_npz(args.expected) if args.expected else _reference(info, "outputs")
+    expected = read_npz(args.expected) if args.expected else reference(info, "outputs")
     records = compare(outputs, expected, rtol=args.rtol, atol=args.atol)
     bad = [r for r in records if not r["ok"]]
     for r in bad:
@@ -289,6 +350,37 @@ def _main(args: argparse.Namespace) -> int:
     tol = ", ".join(sorted({f"rtol={r['rtol']:g}, atol={r['atol']:g}" for r in records}))
     print(f"check: ok: {len(records)} output(s) match the reference ({tol}; max abs diff {worst:.3g})")
     return 0
+
+
+def find_mpiexec(explicit: str | None = None) -> str:
+    """``explicit``, else the ``mpiexec`` beside the Python executable (mpich wheel), else the one on PATH."""
+    if explicit:
+        return explicit
+    beside = Path(sys.executable).parent / "mpiexec"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    found = shutil.which("mpiexec")
+    if found is None:
+        raise RunError("a multi-rank export needs mpiexec: pip install mpi4py mpich (or give --mpiexec PATH)")
+    return found
+
+
+def _launch_ranks(args: argparse.Namespace, world: int) -> int:
+    """``mpiexec -n WORLD python -m airgraph.export.runner ... --mpi-worker``; returns its exit code."""
+    argv = [args.export_dir]
+    for flag in ("inputs", "expected", "output", "rtol", "atol"):
+        value = getattr(args, flag)
+        if value is not None:
+            argv += [f"--{flag}", str(value)]
+    for provider in args.provider or ():
+        argv += ["--provider", provider]
+    argv += ["--check"] * args.check + ["--assert-no-torch"] * args.assert_no_torch + ["--mpi-worker"]
+    command = [find_mpiexec(args.mpiexec), "-n", str(world), sys.executable, "-m", "airgraph.export.runner", *argv]
+    print(f"multi-rank export: {world} ranks, {' '.join(command[:3])} ...", flush=True)
+    try:
+        return subprocess.call(command)
+    except OSError as exc:
+        raise RunError(f"cannot start {command[0]}: {exc}") from None
 
 
 if __name__ == "__main__":
