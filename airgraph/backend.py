@@ -10,7 +10,12 @@ a backward graph for training. Each of those goes through :meth:`AirgraphBackend
 2. the graph is partitioned into segments (runs of nodes sharing placement and stream);
 3. each segment is lowered by the configured kernel backend (Inductor or direct ATen calls);
 4. the executor runs the segments in order; in reduce-overhead on CUDA, ``GraphCapture`` records and
-   replays the executor's run as CUDA graphs.
+   replays the executor's run as CUDA graphs (host work split off around the replay: runtime/capture.py).
+
+``plan_only=True`` (what ``airgraph.explain`` uses for fake inputs, e.g. ``device="cuda"`` tensors faked on a
+machine without a GPU) runs steps 1 and 2 and names each segment's kernel backend, but lowers nothing and
+captures nothing: the compiled callable runs the ATen graph on the fake inputs, so no kernel is generated or
+launched, and every report is marked ``planned``.
 """
 
 from __future__ import annotations
@@ -25,12 +30,13 @@ from typing import Any
 import torch
 
 from airgraph.config import CompilerConfig
-from airgraph.lowering import lower_segments, partition
+from airgraph.lowering import backend_for, lower_segments, partition
+from airgraph.lowering.partition import HOST
 from airgraph.passes import CompileContext, run_pipeline
 from airgraph.passes.base import mutated_nodes, target_name
 from airgraph.report import GraphReport, NodeReport, SegmentReport, next_graph_id
 from airgraph.runtime.capture import GraphCapture, MemoryPool, find_uncapturable
-from airgraph.runtime.executor import build_executor
+from airgraph.runtime.executor import build_executor, build_host_split, describe_host_split
 
 __all__ = ["AirgraphBackend", "airgraph_backend", "get_backend"]
 
@@ -40,7 +46,7 @@ log = logging.getLogger("airgraph")
 class AirgraphBackend:
     """A torch.compile backend. Holds its own copy of the config and a report per compiled ATen graph."""
 
-    def __init__(self, compiler_config: CompilerConfig | None = None) -> None:
+    def __init__(self, compiler_config: CompilerConfig | None = None, *, plan_only: bool = False) -> None:
         if compiler_config is not None and not isinstance(compiler_config, CompilerConfig):
             raise TypeError(
                 f"compiler_config must be an airgraph.CompilerConfig, not {type(compiler_config).__name__}; "
@@ -48,6 +54,7 @@ class AirgraphBackend:
             )
         self.config = copy.deepcopy(compiler_config) if compiler_config is not None else CompilerConfig()
         self.reports: list[GraphReport] = []
+        self.plan_only = plan_only
         self.dynamo_graphs = 0
         self._pool = MemoryPool()
         self._cpu_capture_noted = False
@@ -90,18 +97,33 @@ class AirgraphBackend:
         config = self.config
         device = graph_device(gm, example_inputs)
         report = GraphReport(
-            id=next_graph_id(), mode=config.mode, kind=kind, device=str(device), dynamo_graph=dynamo_graph
+            id=next_graph_id(),
+            mode=config.mode,
+            kind=kind,
+            device=str(device),
+            dynamo_graph=dynamo_graph,
+            planned=self.plan_only,
         )
         ctx = CompileContext(config=config, report=report, kind=kind, device=device, example_inputs=example_inputs)
         report.passes = run_pipeline(gm, ctx)
 
         segments = partition(gm)
-        lower_segments(segments, "interpreter" if config.debug.run_eagerly else config.kernel_backend, kind=kind)
-        run = build_executor(gm, segments, device)
-        if not (len(segments) == 1 and run is segments[0].compiled):
+        requested = "interpreter" if config.debug.run_eagerly else config.kernel_backend
+        split = self._plan_capture(gm, device, report)
+        if self.plan_only or split:  # name the backends; this partition is not lowered
+            for seg in segments:
+                seg.backend = seg.kind if seg.kind != "compute" else backend_for(seg, requested)
+        if self.plan_only:
+            run = _planned_run(gm)
+        elif split:  # reduce-overhead with host work: lowered piecewise, host work around the replay
+            run = build_host_split(gm, requested, kind=kind)
             _report_output_strides(gm)
-
-        if config.mode == "reduce-overhead":
+        else:
+            lower_segments(segments, requested, kind=kind)
+            run = build_executor(gm, segments, device)
+            if not (len(segments) == 1 and run is segments[0].compiled):
+                _report_output_strides(gm)
+        if config.mode == "reduce-overhead" and not self.plan_only:
             run = self._capture(run, gm, device, kind, report)
         report.nodes = [
             NodeReport(
@@ -120,6 +142,26 @@ class AirgraphBackend:
         report.compile_seconds = time.perf_counter() - start
         self.reports.append(report)
         return run
+
+    def _plan_capture(self, gm: torch.fx.GraphModule, device: torch.device, report: GraphReport) -> bool:
+        """reduce-overhead: whether host work is split off around the CUDA graph replay (runtime/capture.py).
+
+        When planning, also records what capture would do: why the graph would run uncaptured, if it would.
+        """
+        if self.config.mode != "reduce-overhead":
+            return False
+        if device.type != "cuda":
+            if self.plan_only:
+                report.uncaptured_reason = f"reduce-overhead captures CUDA graphs; this graph runs on {device.type}"
+            return False
+        reason = find_uncapturable(gm)
+        if self.plan_only:
+            report.uncaptured_reason = reason
+        has_host = any(n.meta.get("placement") == HOST for n in gm.graph.nodes)  # host ops or CPU inputs
+        if reason is not None or not has_host:
+            return False
+        report.host_prologue = describe_host_split(gm)
+        return True
 
     def _capture(
         self, run: Callable[[list], Any], gm: torch.fx.GraphModule, device: torch.device, kind: str, report: GraphReport
@@ -178,6 +220,49 @@ def _report_output_strides(gm: torch.fx.GraphModule) -> None:
     for node in outputs:
         val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
         context.output_strides.append(tuple(val.stride()) if isinstance(val, torch.Tensor) else None)
+
+
+def _planned_run(gm: torch.fx.GraphModule) -> Callable[[list], Any]:
+    """The callable a planned graph returns: fake outputs shaped like the traced ones, in the inputs' fake mode.
+
+    Nothing runs, not even the fake kernels (a data-dependent op such as ``.item()`` has no value to give when
+    planning); each output is an empty fake tensor with the traced dtype, device and the sizes the traced
+    SymInts have for these inputs (1 for a data-dependent size).
+    """
+    from torch._guards import detect_fake_mode
+
+    outputs = list(gm.graph.nodes)[-1].args[0]
+    vals = [o.meta.get("val") if isinstance(o, torch.fx.Node) else o for o in outputs]
+
+    def run(args: list) -> Any:
+        mode = detect_fake_mode(list(args))
+        args.clear()
+        if mode is None:
+            raise RuntimeError(
+                "airgraph: a planned graph (plan_only) runs on fake inputs only; compile with a plain "
+                "AirgraphBackend to run on real tensors"
+            )
+        with mode:
+            return [_fake_like(val) for val in vals]
+
+    run._boxed_call = True
+    return run
+
+
+def _fake_like(val: Any) -> Any:
+    if isinstance(val, torch.Tensor):
+        sizes = [_hint(s) for s in val.shape]
+        strides = [_hint(s) for s in val.stride()]
+        return torch.empty_strided(sizes, strides, dtype=val.dtype, device=val.device)
+    return _hint(val)
+
+
+def _hint(value: Any) -> Any:
+    """A SymInt's value for the inputs it was traced from (1 when data-dependent); other values unchanged."""
+    if isinstance(value, torch.SymInt):
+        hint = value.node.hint
+        return int(hint) if hint is not None else 1
+    return value
 
 
 def get_backend(compiler_config: CompilerConfig | None = None) -> AirgraphBackend:

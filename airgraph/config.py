@@ -244,6 +244,20 @@ class PassesConfig(OptionGroup):
     )
     dead_code_elimination = Option(True, "Remove nodes whose results are never used and have no side effects.")
     remove_noops = Option(True, "Remove ops that return their input unchanged (same-shape views, x + 0, x * 1, ...).")
+    host_placement = Option(
+        True,
+        "Run tiny ops on host data (shape arithmetic, position ids, ...) on the CPU instead of the GPU; see "
+        "host_placement.max_elements.",
+    )
+
+
+class HostPlacementConfig(OptionGroup):
+    max_elements = Option(
+        8,
+        "Largest output (in elements) of an op that host placement moves to the CPU (GE uses 8).",
+        check=_non_negative,
+        allowed="an int >= 0",
+    )
 
 
 class ReduceOverheadConfig(OptionGroup):
@@ -298,5 +312,6 @@ class CompilerConfig(OptionGroup):
     debug = DebugConfig
     passes = PassesConfig
     reduce_overhead = ReduceOverheadConfig
+    host_placement = HostPlacementConfig
     experimental_config = ExperimentalConfig
     export = ExportConfig

@@ -1,16 +1,50 @@
-"""airgraph.explain: compile a function with airgraph, run it once, and return what was compiled."""
+"""airgraph.explain: compile a function with airgraph, run it once, and return what was compiled.
+
+Planning for a device you do not have: when the inputs are fake tensors (``FakeTensorMode``, e.g. faked on
+``device="cuda"`` on a laptop), ``explain`` compiles *without running*: the pass pipeline and the
+partitioning run for real, but no kernel is generated, launched or captured (``AirgraphBackend(plan_only=
+True)``); every graph report says ``planned``. :func:`plan` does the faking for you: it turns real example
+inputs and a module's parameters and buffers into fake tensors on the device, compiles, and puts the
+module's own tensors back. This is the API behind ``airgraph inspect --device cuda``.
+
+Module state, the rule: a module's real parameters and buffers are faked onto the device of the fake
+inputs for the duration of the call (the module is not modified afterwards). Modules built directly under a
+fake mode work too, when their constructor does (``nn.Linear(..., device="cuda")`` does; ``Module.to`` does
+not, as a fake tensor cannot be swapped). Plain tensor attributes that are neither parameters nor buffers
+are not faked.
+
+On a CPU-only build of PyTorch, CUDA has no device guard, so Python indexing of a fake CUDA tensor
+(``t[1:]``, ``t[idx] = v``) fails inside PyTorch; :func:`fake_cuda_guard` installs PyTorch's own fake CUDA
+guard for the duration of planning (see its docstring). Training graphs (autograd on) cannot be planned on
+such a build: AOTAutograd traces the backward through the autograd engine, which asks for a real accelerator;
+plan under ``torch.no_grad()`` there (a CUDA build of PyTorch plans them without a GPU).
+
+Planned outputs are empty fake tensors shaped like the traced outputs (``AirgraphBackend(plan_only=True)``),
+so code after a graph break still runs; a data-dependent size (``.item()``) is unknown when planning and
+counts as 1 there.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import glob
 import os
+import sys
+import types
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.utils._pytree import tree_leaves, tree_map
 
 from airgraph.backend import AirgraphBackend
 from airgraph.config import CompilerConfig
 from airgraph.report import ExplainReport
+
+__all__ = ["explain", "fake_cuda_guard", "fake_inputs", "plan"]
 
 
 def explain(fn: Any, *args: Any, config: CompilerConfig | None = None, **kwargs: Any) -> ExplainReport:
@@ -18,12 +52,109 @@ def explain(fn: Any, *args: Any, config: CompilerConfig | None = None, **kwargs:
 
     The report lists every ATen graph compiled (inference, or forward and backward), each with its nodes
     (stream, placement, segment), segments, pass results and whether it was captured as a CUDA graph.
+
+    Fake arguments (``FakeTensor``) mean planning: nothing is lowered, run or captured, the module's real
+    state is faked onto the inputs' device for the call, and each graph report has ``planned=True``.
     """
-    backend = AirgraphBackend(config)
+    fakes = [t for t in tree_leaves((args, kwargs)) if isinstance(t, FakeTensor)]
+    if not fakes:
+        return _explain(AirgraphBackend(config), fn, args, kwargs)
+    mode = fakes[0].fake_mode
+    device = next((t.device for t in fakes if t.device.type != "cpu"), fakes[0].device)
+    with fake_cuda_guard(), _faked_state(fn, mode, device):
+        return _explain(AirgraphBackend(config, plan_only=True), fn, args, kwargs)
+
+
+def plan(
+    fn: Any,
+    *args: Any,
+    device: str | torch.device = "cuda",
+    config: CompilerConfig | None = None,
+    dynamic: bool | None = None,
+    **kwargs: Any,
+) -> ExplainReport:
+    """``explain`` for ``device`` without needing one: real tensors in the arguments, and ``fn``'s parameters and
+    buffers when it is a module, are faked onto ``device``; fake ones are used as they are. Nothing runs.
+
+    ``device``, ``config`` and ``dynamic`` (``torch.compile``'s) are keywords of this function, not of ``fn``.
+    Example (on a laptop)::
+
+        report = plan(model, tokens, input_pos, device="cuda")
+        [(n.name, n.placement, n.segment, n.stream) for n in report.graphs[0].nodes]
+    """
+    device = torch.device(device)
+    fakes = [t for t in tree_leaves((args, kwargs)) if isinstance(t, FakeTensor)]
+    mode = fakes[0].fake_mode if fakes else FakeTensorMode(allow_non_fake_inputs=True)
+    with fake_cuda_guard():
+        args, kwargs = fake_inputs((args, kwargs), device=device, mode=mode)
+        with _faked_state(fn, mode, device):
+            return _explain(AirgraphBackend(config, plan_only=True), fn, args, kwargs, dynamic=dynamic)
+
+
+def fake_inputs(values: Any, *, device: str | torch.device = "cuda", mode: FakeTensorMode | None = None) -> Any:
+    """``values`` (any pytree) with every real tensor replaced by a fake one on ``device`` (same sizes, strides,
+    dtype; no memory); fake tensors and other leaves are kept. All fakes come from ``mode`` (a new
+    ``FakeTensorMode`` when None), the mode :func:`explain` then plans in."""
+    mode = mode or FakeTensorMode(allow_non_fake_inputs=True)
+    device = torch.device(device)
+    memo: dict[int, torch.Tensor] = {}
+    with fake_cuda_guard():
+        return tree_map(lambda v: _fake(v, mode, device, memo), values)
+
+
+def _fake(value: Any, mode: FakeTensorMode, device: torch.device, memo: dict[int, torch.Tensor]) -> Any:
+    if not isinstance(value, torch.Tensor) or isinstance(value, FakeTensor):
+        return value
+    if id(value) not in memo:
+        fake = mode.from_tensor(value.detach())
+        if fake.device != device:
+            with mode:
+                fake = fake.to(device)
+        if isinstance(value, torch.nn.Parameter):
+            fake = torch.nn.Parameter(fake, requires_grad=value.requires_grad)
+        elif value.requires_grad:
+            fake.requires_grad_()
+        memo[id(value)] = fake
+    return memo[id(value)]
+
+
+@contextlib.contextmanager
+def _faked_state(fn: Any, mode: FakeTensorMode, device: torch.device) -> Iterator[None]:
+    """A module's real parameters and buffers replaced by fakes on ``device`` for the duration; put back after."""
+    if not isinstance(fn, torch.nn.Module):
+        yield
+        return
+    memo: dict[int, torch.Tensor] = {}
+    saved: list[tuple[dict[str, Any], str, torch.Tensor]] = []
+    try:
+        for module in fn.modules():
+            for table in (module._parameters, module._buffers):
+                for name, value in list(table.items()):
+                    if isinstance(value, torch.Tensor) and not isinstance(value, FakeTensor):
+                        saved.append((table, name, value))
+                        table[name] = _fake(value, mode, device, memo)
+        yield
+    finally:
+        for table, name, value in reversed(saved):
+            table[name] = value
+
+
+def _explain(
+    backend: AirgraphBackend, fn: Any, args: tuple, kwargs: dict, *, dynamic: bool | None = None
+) -> ExplainReport:
     before = Counter(torch._dynamo.utils.counters["graph_break"])
-    compiled = torch.compile(fn, backend=backend)
-    compiled(*args, **kwargs)
-    if backend.config.debug.trace_path:
+    compiled = torch.compile(fn, backend=backend, dynamic=dynamic)
+    try:
+        compiled(*args, **kwargs)
+    except Exception as exc:
+        if backend.plan_only and "Cannot access accelerator device" in str(exc):
+            raise RuntimeError(
+                "airgraph: planning a training graph (autograd on, tensors requiring grad) traces the backward "
+                "through the autograd engine, which needs a CUDA build of PyTorch even with fake tensors; on a "
+                "CPU-only build, plan inference: call explain/plan under torch.no_grad()"
+            ) from exc
+        raise
+    if backend.config.debug.trace_path and not backend.plan_only:
         write_trace(compiled, args, kwargs, backend.config.debug.trace_path)
     after = Counter(torch._dynamo.utils.counters["graph_break"])
     breaks = sorted((after - before).elements())
@@ -33,6 +164,83 @@ def explain(fn: Any, *args: Any, config: CompilerConfig | None = None, **kwargs:
         dynamo_graphs=backend.dynamo_graphs,
         graph_breaks=breaks,
     )
+
+
+# -- fake CUDA on a CPU-only build ------------------------------------------------------------------------
+_CUDA, _LAZY = 1, 17  # c10::DeviceType values (fixed: they are serialized)
+_REGISTRY_SYMBOL = "_ZN3c104impl26device_guard_impl_registryE"  # c10::impl::device_guard_impl_registry
+
+
+def _guard_registry() -> Any:
+    """c10's device guard registry (one pointer per device type), or None where it cannot be found."""
+    libs = glob.glob(os.path.join(os.path.dirname(torch.__file__), "lib", "*c10.*"))
+    for path in sorted(libs):
+        try:
+            return (ctypes.c_void_p * (_LAZY + 1)).in_dll(ctypes.CDLL(path), _REGISTRY_SYMBOL)
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+@contextlib.contextmanager
+def fake_cuda_guard() -> Iterator[None]:
+    """Let fake CUDA tensors be indexed and moved on a CPU-only build of PyTorch, for the duration.
+
+    Python indexing (``t[1:]``, ``t[idx] = v``) and ``Tensor.to`` take a device guard for the tensor's device
+    before any fake-tensor dispatch, and a CPU-only build registers no guard for CUDA ("PyTorch is not linked
+    with support for cuda devices"). PyTorch has its own fix for a CUDA build without GPUs:
+    ``torch._C._ensureCUDADeviceGuardSet()`` (which ``FakeTensorMode`` calls) installs its fake CUDA guard when
+    the registered one reports no devices. On a CPU-only build nothing is registered, so this puts a guard that
+    reports no devices (the lazy-tensor one) in CUDA's slot of c10's registry, lets PyTorch replace it with
+    its fake CUDA guard, and empties the slot again on exit. It does nothing where CUDA is compiled in (the
+    GPU machines), where the slot is already taken, or where the registry cannot be found (then indexing a
+    fake CUDA tensor fails as before). No public API registers a CUDA device guard.
+
+    It also keeps ``torch.tensor(..., device="cuda")`` from allocating on the device while AOTAutograd traces
+    (``torch._C._set_only_lift_cpu_tensors``: the tensor is made on the CPU and moved by a traced op, which is
+    what ``FakeTensorMode`` itself does inside its ``with`` block when no GPU is available), and turns off
+    make_fx's constant propagation of one-element tensors (``proxy_tensor.CONSTANT_NUMEL_LIMIT``), which runs
+    the op for real, on the device. (A one-element constant that the GPU run would fold into a Python number
+    then shows as an op in the planned graph.)
+    """
+    if torch.backends.cuda.is_built():
+        yield
+        return
+    from torch.fx.experimental import proxy_tensor
+
+    lift_cpu_only, numel_limit = torch._C._only_lift_cpu_tensors(), proxy_tensor.CONSTANT_NUMEL_LIMIT
+    torch._C._set_only_lift_cpu_tensors(True)
+    proxy_tensor.CONSTANT_NUMEL_LIMIT = 0
+    registry = _guard_registry()
+    installed = registry is not None and not registry[_CUDA] and bool(registry[_LAZY])
+    if installed:
+        registry[_CUDA] = registry[_LAZY]
+        torch._C._ensureCUDADeviceGuardSet()
+        if registry[_CUDA] == registry[_LAZY]:  # this PyTorch did not install its fake guard: undo
+            registry[_CUDA] = None
+    try:
+        yield
+    finally:
+        torch._C._set_only_lift_cpu_tensors(lift_cpu_only)
+        proxy_tensor.CONSTANT_NUMEL_LIMIT = numel_limit
+        if installed:
+            registry[_CUDA] = None
+
+
+class _CallableModule(types.ModuleType):
+    """This module, callable as its :func:`explain`.
+
+    The package loads its public names lazily, so ``airgraph.explain`` is whatever the package attribute holds:
+    the function, or this module once anything imported it (``from airgraph.explain import plan`` binds the
+    module to the package attribute). Either way ``airgraph.explain(fn, *args)`` and ``airgraph.explain.plan``
+    work.
+    """
+
+    def __call__(self, fn: Any, *args: Any, config: CompilerConfig | None = None, **kwargs: Any) -> ExplainReport:
+        return explain(fn, *args, config=config, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
 
 
 def write_trace(fn: Any, args: tuple, kwargs: dict, path: str) -> None:

@@ -69,6 +69,13 @@ class GraphReport:
     # Event edges from the streams pass: {"tag", "record", "record_stream", "wait", "wait_stream"}.
     events: list[dict] = field(default_factory=list)
     stream_priorities: dict[str, int] = field(default_factory=dict)
+    # Host placement: {"max_elements", "moved", "anchors", "copies", "syncs_removed"} (empty when the pass is off).
+    host_placement: dict[str, Any] = field(default_factory=dict)
+    # reduce-overhead with host work: host nodes computed once per shape key ("static"), before every replay
+    # ("per_call"), and the host-to-device transfers that feed the CUDA graph ("transfers").
+    host_prologue: dict[str, list[str]] = field(default_factory=dict)
+    # Planned without running (airgraph.explain on fake inputs): nothing was lowered, run or captured.
+    planned: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -21,7 +21,30 @@ the pool into fresh tensors owned by the caller (one device-to-device copy per o
 stream), so a tensor kept from step N is never overwritten by step N+1, nor by another key's replay.
 
 Replays run on the caller's current stream; when it differs from the previous replay's stream, the new
-stream first waits for the old one, because keys share memory.
+stream first waits for the old one (before any input is copied), because keys share memory.
+
+Host work (ops that host placement put on the CPU, passes/host_placement.py) cannot be captured: a CUDA
+graph records device work only, and a host value read by a kernel would be frozen at its recording value.
+The graph is therefore cut in three (``runtime.executor.HostSplit``), each piece lowered on its own:
+
+- **static host work** depends on the shape key alone (SymInt inputs, sizes, constants; never on the data
+  of a CPU input, never random). It runs once per key, when the key is recorded; its results are kept with
+  the key, and the host-to-device copies of them are made once, into device tensors the CUDA graph reads as
+  constants. Static SymInts and 0-dim CPU scalars that device ops read directly are baked into the recording,
+  which is right because they are the same for every call of the key;
+- **per-call host work** depends on the data of CPU inputs (or is random). It runs before every replay (the
+  host prologue), and each of its values that the device reads is copied into a static device buffer that
+  the CUDA graph reads: ``buffer.copy_(value, non_blocking=...)`` on the replay's stream, ordered before the
+  replay. Host placement's own copies come from pinned memory and are asynchronous; a copy that was in the
+  user's graph keeps its own ``non_blocking`` (a user's CPU tensor may be reused as soon as the call returns);
+- **the device part** reads the graph inputs plus those buffers and constants, and is what is captured.
+
+Outputs that are host values are returned from the prologue (static ones cloned, as the caller may write to
+them). Results therefore equal the uncaptured run, which equals eager. (In reduce-overhead, host placement
+also sends per-call CPU scalars that kernels read, such as the floats Dynamo passes as inputs with
+``dynamic=True``, through such a copy.) A graph whose device work reads a per-call host value any other way
+(a SymInt or Python number computed from input data, a CPU tensor a kernel reads directly) is refused by
+:func:`find_uncapturable` and runs uncaptured.
 """
 
 from __future__ import annotations
@@ -33,8 +56,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from airgraph.report import GraphReport
+from airgraph.runtime.executor import HostSplit, plan_host_work
 
 log = logging.getLogger("airgraph")
 
@@ -54,6 +79,9 @@ class _Key:
     static_outputs: Sequence[Any] = ()
     static_ptrs: tuple[int, ...] = ()
     copy_indices: tuple[int, ...] = ()
+    # HostSplit only: the key's static host values, and (static buffer, transfer) pairs refilled per call.
+    statics: list[Any] = field(default_factory=list)
+    refill: list[tuple[torch.Tensor, Any]] = field(default_factory=list)
 
 
 class MemoryPool:
@@ -103,6 +131,7 @@ class GraphCapture:
         uncapturable: str | None = None,
     ) -> None:
         self._run = run
+        self._split = run if isinstance(run, HostSplit) else None
         self.device = device
         self._static = sorted(set(static_indices))
         self._static_set = frozenset(self._static)
@@ -188,16 +217,24 @@ class GraphCapture:
         return outputs
 
     def _record(self, entry: _Key, args: list) -> None:
-        # Non-static inputs get buffers of their own; their contents are copied in before each replay
-        # (recording reads no data, so they start uninitialized).
+        split = self._split
+        device_args, capture_fn = list(args), self._run
+        if split is not None:  # host work now, outside the recording: see the module docstring
+            entry.statics = split.run_static(list(args))
+            values = [*args, *entry.statics, *split.run_per_call(list(args), entry.statics)]
+            boundary = split.boundary(values)
+            entry.refill = [(buf, t) for buf, t in zip(boundary, split.transfers) if not t.static]
+            device_args, capture_fn = [*args, *boundary], split.device_fn
+        # Non-static device inputs get buffers of their own; their contents are copied in before each replay
+        # (recording reads no data, so they start uninitialized). Host work's inputs are read outside the graph.
         static_args = [
-            a if i in self._static_set or not isinstance(a, torch.Tensor) else _static_like(a)
-            for i, a in enumerate(args)
+            a if i in self._static_set or i >= len(args) or not _is_device_tensor(a, split) else _static_like(a)
+            for i, a in enumerate(device_args)
         ]
         graph = torch.cuda.CUDAGraph()
         try:
             with torch.cuda.graph(graph, pool=self._pool.handle(self.device), stream=self._pool.stream(self.device)):
-                static_outputs = self._run(list(static_args))
+                static_outputs = capture_fn(list(static_args))
         except Exception as exc:  # capture refused an op: run this key uncaptured from now on
             entry.state = CaptureState.UNCAPTURED
             reason = f"CUDA graph capture failed: {type(exc).__name__}: {str(exc).splitlines()[0]}"
@@ -206,27 +243,40 @@ class GraphCapture:
             return
         entry.graph, entry.static_args, entry.static_outputs = graph, static_args, static_outputs
         entry.static_ptrs = self._static_ptrs(static_args)
-        entry.copy_indices = tuple(i for i, a in enumerate(static_args) if a is not args[i])
+        entry.copy_indices = tuple(i for i in range(len(args)) if static_args[i] is not args[i])
         entry.state = CaptureState.CAPTURED
         self._report.captured = True
         self._report.capture_keys += 1
 
     def _replay(self, entry: _Key, args: list) -> list[Any]:
         static_args = entry.static_args
+        stream = torch.cuda.current_stream(self.device)
+        if self._last_stream is not None and self._last_stream != stream:
+            stream.wait_stream(self._last_stream)  # keys share memory: the last replay's stream goes first
+        self._last_stream = stream
+        split, values = self._split, None
+        if split is not None:  # the host prologue, then its values into the graph's buffers
+            values = [*args, *entry.statics, *split.run_per_call(args, entry.statics)]
+            for buffer, transfer in entry.refill:
+                transfer.refill(buffer, values[transfer.source])
         for i in entry.copy_indices:
             buffer, a = static_args[i], args[i]
             if buffer.data_ptr() != a.data_ptr():
                 buffer.copy_(a)
-        stream = torch.cuda.current_stream(self.device)
-        if self._last_stream is not None and self._last_stream != stream:
-            stream.wait_stream(self._last_stream)
-        self._last_stream = stream
         entry.graph.replay()
         for i in self._mutated:
             if static_args[i].data_ptr() != args[i].data_ptr():
                 args[i].copy_(static_args[i])
         args.clear()
-        return [o.clone() if isinstance(o, torch.Tensor) else o for o in entry.static_outputs]
+        outputs = [o.clone() if isinstance(o, torch.Tensor) else o for o in entry.static_outputs]
+        return outputs if split is None else split.assemble(outputs, values, clone_static=True)
+
+
+def _is_device_tensor(value: Any, split: HostSplit | None) -> bool:
+    """Inputs that get a static buffer: every tensor, or with host work split off, device tensors only."""
+    if not isinstance(value, torch.Tensor):
+        return False
+    return split is None or value.device.type != "cpu"
 
 
 def _static_like(t: torch.Tensor) -> torch.Tensor:
@@ -237,23 +287,43 @@ def find_uncapturable(gm: torch.fx.GraphModule) -> str | None:
     """Why this CUDA graph cannot be recorded as one CUDA graph, naming the first offending op, or None.
 
     Ops with data-dependent output shapes or that read a device value on the host need a sync, which
-    capture forbids (these are named first: they are what a user changes); CPU tensors inside a CUDA graph
-    would be computed on the host once, while recording, and never again.
+    capture forbids (these are named first: they are what a user changes). Host work that host placement
+    put on the CPU is fine: it runs around the replay (module docstring), unless device work reads one of
+    its per-call values directly. Any other CPU tensor inside a CUDA graph would be computed on the host
+    once, while recording, and never again, so it is refused.
     """
     for node in gm.graph.nodes:
         target = node.target
-        if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
+        if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload) or _host(node):
             continue
         if target is torch.ops.aten._local_scalar_dense.default:
             return f"{node.name} = {target} reads a device value on the host (.item(), a host sync)"
-        if torch.Tag.dynamic_output_shape in target.tags or torch.Tag.data_dependent_output in target.tags:
+        dynamic = torch.Tag.dynamic_output_shape in target.tags or torch.Tag.data_dependent_output in target.tags
+        if dynamic and _data_dependent(node):
             return f"{node.name} = {target} has a data-dependent output (needs a host sync)"
+    if any(_host(n) for n in gm.graph.nodes):
+        problem = plan_host_work(gm).problem
+        if problem is not None:
+            return problem
     for node in gm.graph.nodes:
         val = node.meta.get("val")
-        if not isinstance(val, torch.Tensor) or val.device.type != "cpu":
+        if not isinstance(val, torch.Tensor) or val.device.type != "cpu" or _host(node):
             continue
         if node.op == "placeholder":  # even a 0-dim one: a kernel would keep the value it had when recorded
             return f"input {node.name} is a CPU tensor inside a CUDA graph"
         if val.dim() > 0:
             return f"{node.name} = {node.target} is a CPU tensor inside a CUDA graph"
     return None
+
+
+def _data_dependent(node: torch.fx.Node) -> bool:
+    """A node of an op that *may* depend on data (``index`` with a bool mask, ``nonzero``) that here does: its
+    traced value has sizes no input determines (unbacked SymInts), or is unknown."""
+    val = node.meta.get("val")
+    if val is None:
+        return True
+    return bool(free_unbacked_symbols(val))
+
+
+def _host(node: torch.fx.Node) -> bool:
+    return node.meta.get("placement") == "host"

@@ -1,0 +1,259 @@
+"""Host placement benchmark (issue #4, seed 003): GPU only.
+
+1. **fragment**: GE's Shape -> Gather -> Concat -> Reshape fragment as PyTorch code writes it (the shape as a
+   tensor, gathered, concatenated with the remaining size, read back with ``.tolist()`` for a reshape). All on
+   the device (host placement off) it is two blocking copies, kernels and two device-to-host syncs; placed, host
+   arithmetic. Measured per call: "idle" (GPU idle, call + synchronize) and "busy" (a matmul queued just
+   before, as inside a model step; the host time of the call, which a sync makes wait for the queue: the
+   seed's 3 ms -> 10 us). Target: all-on-device / placed >= 10x (busy).
+2. **decode**: an HF-style decode step with dynamic shapes (the per-step bookkeeping of HF transformers'
+   LlamaModel with a static cache: cache_position from the past length, position_ids, rotary cos/sin from
+   position_ids, the 4D causal + padding mask, the next position read back as an int). Host placement off
+   vs on: device kernel launches per step (torch.profiler: runtime launch calls), step latency, and
+   device-to-host syncs per step. Targets: launches -30%, latency -5%.
+
+    python benchmarks/host_placement.py [--kernel-backend aten] [--steps 200] [--output PATH]
+
+Writes JSON (device, torch version, commit) to benchmarks/results/host_placement_cuda.json. Without a GPU it
+refuses; ``airgraph.explain.plan(fn, *args, device="cuda")`` shows on a CPU what the GPU run would place.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import airgraph
+from airgraph.bench import environment, write_json
+
+LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx", "cudaGraphLaunch")
+SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
+TARGETS = {
+    "fragment busy: all-on-device / placed": ">= 10",
+    "decode: kernel launches per step, placed / all-on-device": "<= 0.70",
+    "decode: step latency, placed / all-on-device": "<= 0.95",
+}
+
+
+def fragment(x: torch.Tensor) -> torch.Tensor:
+    shape = torch.tensor(x.shape, device=x.device)  # Shape
+    first = torch.gather(shape, 0, torch.tensor([0], device=x.device))  # Gather
+    new_shape = torch.cat([first, x.numel() // first])  # Concat
+    return x.reshape(new_shape.tolist())  # Reshape
+
+
+class HFStyleDecoder(nn.Module):
+    """A small LLaMA-like decoder whose forward does, per decode step, what HF transformers' LlamaModel does
+    around its layers with a static cache. ``attention_mask`` [B, past + S] grows by one every step."""
+
+    def __init__(self, vocab: int, dim: int, n_layers: int, n_heads: int, max_len: int, batch: int, seed: int = 0):
+        super().__init__()
+        self.n_heads, self.head_dim, self.max_len = n_heads, dim // n_heads, max_len
+        self.embed = nn.Embedding(vocab, dim)
+        self.qkv = nn.ModuleList(nn.Linear(dim, 3 * dim, bias=False) for _ in range(n_layers))
+        self.proj = nn.ModuleList(nn.Linear(dim, dim, bias=False) for _ in range(n_layers))
+        self.gate_up = nn.ModuleList(nn.Linear(dim, 6 * dim, bias=False) for _ in range(n_layers))
+        self.down = nn.ModuleList(nn.Linear(3 * dim, dim, bias=False) for _ in range(n_layers))
+        self.lm_head = nn.Linear(dim, vocab, bias=False)
+        generator = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for param in self.parameters():
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.02)
+        hd = self.head_dim
+        self.register_buffer("inv_freq", 1.0 / (10000 ** (torch.arange(0, hd, 2).float() / hd)), persistent=False)
+        cache = (n_layers, batch, n_heads, max_len, hd)
+        self.register_buffer("k_cache", torch.zeros(cache), persistent=False)
+        self.register_buffer("v_cache", torch.zeros(cache), persistent=False)
+
+    @staticmethod
+    def _norm(x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+
+    @staticmethod
+    def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x1, x2 = x.chunk(2, dim=-1)
+        return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+    def forward(self, tokens: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, int]:
+        bsz, seq_len = tokens.shape
+        past = attention_mask.shape[1] - seq_len
+        cache_position = torch.arange(past, past + seq_len, device=tokens.device)
+        position_ids = cache_position.unsqueeze(0).expand(bsz, -1)
+        h = self.embed(tokens)
+        inv_freq = self.inv_freq[None, :, None].float().expand(bsz, -1, 1)  # LlamaRotaryEmbedding
+        freqs = (inv_freq @ position_ids[:, None, :].float()).transpose(1, 2)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos()[:, None], emb.sin()[:, None]
+        min_value = torch.finfo(h.dtype).min  # _prepare_4d_causal_attention_mask_with_cache_position
+        mask = torch.full((seq_len, self.max_len), min_value, dtype=h.dtype, device=h.device)
+        mask = mask * (torch.arange(self.max_len, device=h.device) > cache_position.reshape(-1, 1))
+        mask = mask[None, None].expand(bsz, 1, -1, -1).clone()
+        length = attention_mask.shape[-1]
+        padding = (mask[..., :length] + attention_mask[:, None, None, :].to(h.dtype)) == 0
+        mask[..., :length] = mask[..., :length].masked_fill(padding, min_value)
+        for i in range(len(self.qkv)):
+            q, k, v = self.qkv[i](self._norm(h)).view(bsz, seq_len, 3, self.n_heads, self.head_dim).unbind(2)
+            q, k = self._rotate(q.transpose(1, 2), cos, sin), self._rotate(k.transpose(1, 2), cos, sin)
+            self.k_cache[i].index_copy_(2, cache_position, k)
+            self.v_cache[i].index_copy_(2, cache_position, v.transpose(1, 2))
+            a = F.scaled_dot_product_attention(q, self.k_cache[i], self.v_cache[i], attn_mask=mask)
+            h = h + self.proj[i](a.transpose(1, 2).reshape(bsz, seq_len, -1))
+            gate, up = self.gate_up[i](self._norm(h)).chunk(2, dim=-1)
+            h = h + self.down[i](F.silu(gate) * up)
+        return self.lm_head(self._norm(h)), int(cache_position[-1]) + 1  # generate() reads the position back
+
+
+def compile_step(fn: Any, *, placed: bool, args: argparse.Namespace, dynamic: bool | None) -> Callable[..., Any]:
+    config = airgraph.CompilerConfig()
+    config.mode = args.mode
+    config.kernel_backend = args.kernel_backend
+    config.passes.host_placement = placed
+    config.host_placement.max_elements = args.max_elements
+    torch._dynamo.reset()
+    return torch.compile(fn, backend=airgraph.get_backend(config), dynamic=dynamic, fullgraph=True)
+
+
+def runtime_counts(run: Callable[[int], Any], steps: int) -> dict[str, float]:
+    """Per step, from torch.profiler: kernel launches (runtime calls), syncs, and copies each way (GPU side)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for i in range(steps):
+            run(i)
+    names = [e.name for e in prof.events()]
+    per_step = {
+        "kernel_launches": sum(names.count(n) for n in LAUNCHES),
+        "syncs": sum(names.count(n) for n in SYNCS),
+        "copies_device_to_host": sum(n.startswith("Memcpy DtoH") for n in names),
+        "copies_host_to_device": sum(n.startswith("Memcpy HtoD") for n in names),
+    }
+    return {k: v / steps for k, v in per_step.items()}
+
+
+def fragment_bench(args: argparse.Namespace) -> dict[str, Any]:
+    x = torch.randn(64, 256, device="cuda")
+    busy = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    result: dict[str, Any] = {}
+    for placed in (False, True):
+        step = compile_step(fragment, placed=placed, args=args, dynamic=False)
+        for _ in range(20):
+            torch.testing.assert_close(step(x), fragment(x))
+        idle, queued = [], []
+        for _ in range(args.steps):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            step(x)
+            torch.cuda.synchronize()
+            idle.append((time.perf_counter() - start) * 1e6)
+            for _ in range(4):
+                busy @ busy  # about a millisecond of queued device work, as inside a model step
+            start = time.perf_counter()
+            step(x)
+            queued.append((time.perf_counter() - start) * 1e6)  # host time: a sync waits for the queue
+            torch.cuda.synchronize()
+        name = "placed" if placed else "all_on_device"
+        result[name] = {
+            "idle_us": statistics.median(idle),
+            "busy_us": statistics.median(queued),
+            **runtime_counts(lambda i, step=step: step(x), 20),
+        }
+    result["busy_ratio"] = result["all_on_device"]["busy_us"] / result["placed"]["busy_us"]
+    result["idle_ratio"] = result["all_on_device"]["idle_us"] / result["placed"]["idle_us"]
+    return result
+
+
+def decode_bench(args: argparse.Namespace) -> dict[str, Any]:
+    base = HFStyleDecoder(512, args.dim, args.layers, 4, max_len=args.steps + 64, batch=1).cuda().eval()
+    tokens = torch.randint(0, 512, (args.steps + 32, 1, 1), generator=torch.Generator().manual_seed(0)).cuda()
+    masks = [torch.ones(1, past + 1, device="cuda") for past in range(args.steps + 32)]
+    reference = copy.deepcopy(base)
+    result: dict[str, Any] = {}
+    outputs: dict[str, list[torch.Tensor]] = {}
+    with torch.no_grad():
+        outputs["eager"] = [reference(tokens[i], masks[i])[0] for i in range(16)]
+        for placed in (False, True):
+            model = copy.deepcopy(base)
+            step = compile_step(model, placed=placed, args=args, dynamic=True)
+            name = "placed" if placed else "all_on_device"
+            outputs[name] = [step(tokens[i], masks[i])[0] for i in range(16)]
+            for i in range(16, 32):  # warm-up (and the capture, in reduce-overhead)
+                step(tokens[i], masks[i])
+            samples = []
+            for i in range(32, 32 + args.steps):
+                torch.cuda.synchronize()
+                start = time.perf_counter()
+                step(tokens[i], masks[i])
+                torch.cuda.synchronize()
+                samples.append((time.perf_counter() - start) * 1e3)
+            model.k_cache.zero_()
+            model.v_cache.zero_()
+            result[name] = {
+                "median_ms": statistics.median(samples),
+                **runtime_counts(lambda i, step=step: step(tokens[32 + i], masks[32 + i]), 20),
+            }
+    for name in ("all_on_device", "placed"):
+        for got, want in zip(outputs[name], outputs["eager"]):
+            torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    off, on = result["all_on_device"], result["placed"]
+    result["launch_ratio"] = on["kernel_launches"] / max(off["kernel_launches"], 1e-9)
+    result["latency_ratio"] = on["median_ms"] / off["median_ms"]
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--mode", default="max-autotune", choices=["max-autotune", "reduce-overhead"])
+    parser.add_argument("--kernel-backend", default="aten", choices=["aten", "inductor"])
+    parser.add_argument("--max-elements", type=int, default=8, help="host_placement.max_elements")
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--dim", type=int, default=128)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--output", default="benchmarks/results/host_placement_cuda.json")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        parser.error(
+            "needs a CUDA GPU (run it on the GPU machine); on this machine, "
+            "airgraph.explain.plan(fn, *args, device='cuda') shows what the GPU run would place"
+        )
+    torch._dynamo.config.capture_scalar_outputs = True  # .tolist() / int(tensor) stay in the graph
+    frag = fragment_bench(args)
+    print(
+        f"fragment: all-on-device {frag['all_on_device']['busy_us']:.1f} us, placed {frag['placed']['busy_us']:.1f} us "
+        f"(busy GPU) -> {frag['busy_ratio']:.1f}x; idle {frag['idle_ratio']:.2f}x"
+    )
+    decode = decode_bench(args)
+    off, on = decode["all_on_device"], decode["placed"]
+    print(
+        f"decode: launches/step {off['kernel_launches']:.1f} -> {on['kernel_launches']:.1f} "
+        f"({decode['launch_ratio']:.2f}), latency {off['median_ms']:.3f} -> {on['median_ms']:.3f} ms "
+        f"({decode['latency_ratio']:.3f}), syncs/step {off['syncs']:.1f} -> {on['syncs']:.1f}"
+    )
+    report = {
+        **environment(torch.device("cuda")),
+        "benchmark": "host_placement",
+        "settings": {k: v for k, v in vars(args).items() if k != "output"},
+        "fragment": frag,
+        "decode": decode,
+        "targets": TARGETS,
+        "met": {
+            "fragment": frag["busy_ratio"] >= 10,
+            "decode launches": decode["launch_ratio"] <= 0.70,
+            "decode latency": decode["latency_ratio"] <= 0.95,
+        },
+    }
+    write_json(report, args.output)
+    print(f"wrote {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,134 @@
+"""reduce-overhead with host work, on the CPU machine: the split and the capture flow on fake CUDA tensors.
+
+Values cannot be checked without a GPU (test_host_capture.py does that); these tests check the wiring: which
+host work runs when, which buffers a replay refills, and how outputs are put together.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import airgraph.runtime.executor as executor
+from airgraph.explain import fake_cuda_guard
+from airgraph.passes import run_pipeline
+from airgraph.report import GraphReport
+from airgraph.runtime.capture import CaptureState, GraphCapture, find_uncapturable
+from airgraph.runtime.executor import build_host_split, plan_host_work
+from tests.passes.test_host_placement import context
+
+
+def gather_rows(x: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    ramp = torch.arange(4, device=x.device) + 1  # static: no input data
+    index = (lengths + ramp.cpu()).clamp(max=3)  # per call: a CPU input's data
+    return x[index.to(x.device)] * ramp.sum(), index
+
+
+@pytest.fixture
+def traced(monkeypatch: pytest.MonkeyPatch):
+    """gather_rows traced on fake CUDA inputs and placed; its fake mode and inputs."""
+    monkeypatch.setattr(executor, "pinned", lambda t: t)  # fake CPU tensors cannot be pinned
+    with fake_cuda_guard():
+        mode = FakeTensorMode(allow_non_fake_inputs=True)
+        with mode:
+            x, lengths = torch.empty(4, 3, device="cuda"), torch.zeros(4, dtype=torch.long)
+            gm = make_fx(gather_rows)(x, lengths)
+        run_pipeline(gm, context())
+        yield gm, mode, [x, lengths]
+
+
+def test_host_work_is_classified_static_or_per_call(traced):
+    gm, _, _ = traced
+    assert find_uncapturable(gm) is None
+    plan = plan_host_work(gm)
+    assert plan.problem is None
+    assert [n.name for n in plan.per_call] == ["add_1", "clamp"]
+    assert {"arange", "add", "sum_1"} <= {n.name for n in plan.static}
+    assert len(plan.transfers) == 2 and not plan.feeds
+
+
+def test_host_split_wires_host_values_around_the_device_part(traced):
+    gm, mode, inputs = traced
+    with fake_cuda_guard():
+        split = build_host_split(gm, "aten", kind="inference")
+        assert sorted((t.static, t.pin) for t in split.transfers) == [(False, True), (True, True)]
+        assert [where for where, _ in split.recipe] == ["device", "host"]
+        with mode:
+            statics = split.run_static(list(inputs))
+            values = [*inputs, *statics, *split.run_per_call(list(inputs), statics)]
+            out = split.device_fn([*inputs, *split.boundary(values)])
+            pieces = split.assemble(list(out), values, clone_static=True)
+            whole = split(list(inputs))
+    for got in (pieces, whole):
+        assert got[0].device.type == "cuda" and got[0].shape == (4, 3)
+        assert got[1].device.type == "cpu" and got[1].shape == (4,)
+
+
+class _Stream:
+    def wait_stream(self, other: object) -> None:
+        pass
+
+
+class _Graph:
+    replays = 0
+
+    def replay(self) -> None:
+        _Graph.replays += 1
+
+
+class _Pool:
+    def handle(self, device: torch.device) -> None:
+        return None
+
+    def stream(self, device: torch.device) -> _Stream:
+        return _Stream()
+
+
+def test_capture_runs_static_work_once_per_key_and_per_call_work_every_replay(traced, monkeypatch):
+    """GraphCapture's record/replay on a stand-in CUDA runtime (no kernels run; the device part is fake)."""
+    gm, mode, inputs = traced
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: _Stream())
+    monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "graph", lambda *args, **kwargs: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", _Graph)
+    monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, stream: None)
+    monkeypatch.setattr(torch.Tensor, "data_ptr", lambda self: id(self))
+    with fake_cuda_guard():
+        split = build_host_split(gm, "aten", kind="inference")
+        calls = {"static": 0, "per_call": 0}
+        for name in calls:
+            fn = getattr(split, f"{name}_fn")
+
+            def counted(args: list, fn=fn, name=name) -> object:
+                calls[name] += 1
+                return fn(args)
+
+            setattr(split, f"{name}_fn", counted)
+        report = GraphReport(id=0, mode="reduce-overhead", kind="inference", device="cuda")
+        capture = GraphCapture(
+            split,
+            device=torch.device("cuda"),
+            static_indices=[],
+            mutated_indices=[],
+            pool=_Pool(),
+            capture_limit=4,
+            warmup_iters=1,
+            report=report,
+            uncapturable=find_uncapturable(gm),
+        )
+        _Graph.replays = 0
+        with mode:
+            outputs = [capture(list(inputs)) for _ in range(4)]
+    (entry,) = capture._keys.values()
+    assert entry.state is CaptureState.CAPTURED and report.captured and report.capture_keys == 1
+    assert _Graph.replays == 3
+    # warm-up runs everything once; recording runs static and per-call work once more; each replay per-call only
+    assert calls == {"static": 2, "per_call": 5}
+    assert [t.static for _, t in entry.refill] == [False]  # only the per-call transfer is refilled
+    assert entry.copy_indices == (0,)  # the CUDA input gets a static buffer, the CPU input does not
+    for out in outputs:
+        assert out[0].device.type == "cuda" and out[1].device.type == "cpu"
