@@ -187,7 +187,13 @@ def test_graph_dump_writes_one_file_per_pass(tmp_path):
     (folder,) = tmp_path.iterdir()
     assert folder.name == f"graph_{backend.reports[0].id}_inference"
     files = sorted(p.name for p in folder.iterdir())
-    assert files == ["00_input.txt", "01_streams.txt", "02_host_placement.txt", "03_remove_noops.txt", "04_dead_code_elimination.txt"]
+    assert files == [
+        "00_input.txt",
+        "01_streams.txt",
+        "02_host_placement.txt",
+        "03_remove_noops.txt",
+        "04_dead_code_elimination.txt",
+    ]
     before = (folder / "00_input.txt").read_text()
     after = (folder / "03_remove_noops.txt").read_text()
     assert "torch.ops.aten.view.default" in before and "torch.ops.aten.view.default" not in after

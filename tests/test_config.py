@@ -14,7 +14,12 @@ def test_defaults_and_readable_forms():
     assert config.debug.run_eagerly is False and config.debug.graph_dump is None
     as_dict = config.as_dict()
     assert as_dict["mode"] == "max-autotune"
-    assert as_dict["passes"] == {"streams": True, "host_placement": True, "dead_code_elimination": True, "remove_noops": True}
+    assert as_dict["passes"] == {
+        "streams": True,
+        "host_placement": True,
+        "dead_code_elimination": True,
+        "remove_noops": True,
+    }
     assert as_dict["export"]["experimental"]["enable_record_nn_module_stack"] is False
     text = repr(config)
     assert "mode = 'max-autotune'" in text and "reduce_overhead:" in text and "capture_limit = 64" in text

@@ -22,7 +22,12 @@ def test_explain_report_has_the_documented_shape():
     assert all(set(node) >= NODE_KEYS for node in graph["nodes"])
     assert all(set(seg) >= SEGMENT_KEYS for seg in graph["segments"])
     assert all(set(p) >= PASS_KEYS for p in graph["passes"])
-    assert [p["name"] for p in graph["passes"]] == ["streams", "host_placement", "remove_noops", "dead_code_elimination"]
+    assert [p["name"] for p in graph["passes"]] == [
+        "streams",
+        "host_placement",
+        "remove_noops",
+        "dead_code_elimination",
+    ]
     targets = [n["target"] for n in graph["nodes"]]
     assert "aten.relu.default" in targets and targets[-1] == "output"
     for node in graph["nodes"]:
