@@ -129,7 +129,12 @@ def build_parser() -> argparse.ArgumentParser:
     llama.add_argument("--phase", default="decode", choices=["decode", "prefill"])
     llama.add_argument("--batch", type=int, default=1)
     llama.add_argument("--prompt-len", type=int, default=8, help="prefill length; decode runs at this position")
-    llama.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda, cuda:N")
+    llama.add_argument(
+        "--device",
+        default="auto",
+        help="auto (CUDA when available), cpu, cuda, cuda:N; cuda without a GPU plans on fake CUDA tensors "
+        "(placements, segments and streams as the GPU run would have them; nothing runs)",
+    )
     ins.set_defaults(handler=cmd_inspect)
     add_export_parsers(sub, docs)
     return parser
@@ -259,16 +264,29 @@ def cmd_inspect(args: argparse.Namespace, console: Console) -> int:
             config.kernel_backend = args.kernel_backend
     except ValueError as exc:
         raise CliError(str(exc)) from None
+    # --device cuda without a GPU: build on the CPU, then plan on fake CUDA tensors (compiles, runs nothing).
+    planning = args.device.startswith("cuda") and not torch.cuda.is_available()
+    target_device = args.device
+    if planning:
+        args.device = "cpu"
     if args.target == "tiny-llama":
         fn, fargs, fkwargs = _tiny_llama_example(args)
     else:
         fn, fargs, fkwargs = load_example(args.target)
     grad = torch.enable_grad() if args.grad else torch.no_grad()
-    status = Console(stderr=True).status(
-        f"compiling {args.target} with airgraph ({config.mode}, {config.kernel_backend})"
+    what = (
+        f"planning {args.target} for {target_device} (no GPU here: fake tensors, nothing runs)"
+        if planning
+        else (f"compiling {args.target}")
     )
+    status = Console(stderr=True).status(f"{what} with airgraph ({config.mode}, {config.kernel_backend})")
     with status, grad:
-        report = airgraph.explain(fn, *fargs, config=config, **fkwargs)
+        if planning:
+            from airgraph.explain import plan
+
+            report = plan(fn, *fargs, device=target_device, config=config, **fkwargs)
+        else:
+            report = airgraph.explain(fn, *fargs, config=config, **fkwargs)
     render_report(report, console)
     if args.json:
         path = bench.write_json(report.to_dict(), args.json)

@@ -101,6 +101,11 @@ def graph_header(graph: GraphReport) -> Text:
     text.append(f"graph {graph.id}", style="bold")
     text.append(f" · {graph.kind} · {graph.device} · {graph.mode} · dynamo graph {graph.dynamo_graph}")
     text.append(f" · {len(graph.nodes)} nodes · compiled in {graph.compile_seconds:.2f} s\n")
+    if graph.planned:
+        text.append("planned on fake tensors: nothing ran; kernel backends named, not compiled\n", style="cyan")
+    host = sum(node.placement == "host" for node in graph.nodes)
+    if host:
+        text.append(f"{host} node(s) placed on the host\n", style="cyan")
     style = "green" if graph.captured else "yellow" if graph.mode == "reduce-overhead" else "dim"
     text.append(capture_state(graph), style=style)
     return text

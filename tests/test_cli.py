@@ -270,3 +270,14 @@ def test_bench_two_branch_model(tmp_path, capsys):
     small = data["results"]["small"]
     assert small["ok"] is True and small["multi"]["streams"] == ["left", "right"] and small["single"]["streams"] == []
     assert "two-branch model" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="plans for CUDA only where there is no GPU")
+def test_inspect_plans_for_cuda_without_a_gpu(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    argv = ["inspect", "tiny-llama", "--preset", "micro", "--device", "cuda", "--kernel-backend", "aten"]
+    assert cli.main([*argv, "--json", str(out)]) == 0
+    assert "planned on fake tensors" in capsys.readouterr().out
+    (graph,) = json.loads(out.read_text())["graphs"]
+    assert graph["planned"] is True and graph["device"].startswith("cuda")
+    assert all(n["placement"] in ("device", "host") for n in graph["nodes"])
