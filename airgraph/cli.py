@@ -171,10 +171,11 @@ def _run_bench(console: Console, show_progress: bool, **kwargs: Any) -> dict[str
         raise CliError(str(exc)) from None
 
 
-def _finish(result: dict[str, Any], output: str | None, console: Console) -> int:
+def _finish(result: dict[str, Any], output: str | None, console: Console, *, show: bool = True) -> int:
     from airgraph import bench
 
-    bench.print_results(result, console)
+    if show:
+        bench.print_results(result, console)
     if output:
         path = bench.write_json(result, output)
         console.print(f"wrote {path}", highlight=False)
@@ -202,10 +203,11 @@ def cmd_demo(args: argparse.Namespace, console: Console) -> int:
             "uncaptured (CUDA graphs need CUDA), and torch.compile's reduce-overhead is left out.[/]"
         )
     result = _run_bench(console, not args.no_progress, device="auto", **DEMO_SETTINGS)
+    bench.print_results(result, console)
     console.print("[bold]in-graph multi-stream[/]: two independent branches on side streams vs on one stream")
     streams = _run_multistream(console, device="auto", mode="reduce-overhead", steps=50, cases=["small"])
     result["multistream"] = streams
-    code = _finish(result, args.output, console)
+    code = _finish(result, args.output, console, show=False)
     if not all(r["ok"] for r in streams["results"].values()):
         console.print("[red]the two-branch model's outputs differ between side streams and one stream[/]")
         return 1
