@@ -24,13 +24,14 @@ if TYPE_CHECKING:
 
     from airgraph.export.exporter import ExportResult
 
-__all__ = ["CompilerConfig", "dynamo_export", "explain", "get_backend", "ops", "scope"]
+__all__ = ["CompilerConfig", "dynamo_export", "explain", "get_backend", "ops", "plan", "scope"]
 __version__ = "0.1.0"
 
 # public name -> (module, attribute); attribute None: the module itself
 _LAZY: dict[str, tuple[str, str | None]] = {
     "get_backend": ("airgraph.backend", "get_backend"),
-    "explain": ("airgraph.explain", "explain"),
+    "explain": ("airgraph.explainer", "explain"),
+    "plan": ("airgraph.explainer", "plan"),
     "scope": ("airgraph.scope", None),
     "ops": ("airgraph.ops", None),
 }

@@ -284,7 +284,7 @@ def cmd_inspect(args: argparse.Namespace, console: Console) -> int:
     status = Console(stderr=True).status(f"{what} with airgraph ({config.mode}, {config.kernel_backend})")
     with status, grad:
         if planning:
-            from airgraph.explain import plan
+            from airgraph.explainer import plan
 
             report = plan(fn, *fargs, device=target_device, config=config, **fkwargs)
         else:

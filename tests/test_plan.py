@@ -7,7 +7,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from airgraph.explain import explain, fake_cuda_guard, fake_inputs, plan
+from airgraph.explainer import explain, fake_cuda_guard, fake_inputs, plan
 from airgraph.lowering import KERNEL_BACKENDS
 from airgraph.models import build_tiny_llama, decode_inputs
 from airgraph.passes import run_pipeline

@@ -8,7 +8,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from airgraph.config import CompilerConfig
-from airgraph.explain import fake_cuda_guard, plan
+from airgraph.explainer import fake_cuda_guard, plan
 from airgraph.passes import CompileContext, run_pipeline
 from airgraph.passes.host_placement import host_placement
 from airgraph.report import GraphReport

@@ -14,7 +14,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import airgraph.runtime.executor as executor
-from airgraph.explain import fake_cuda_guard
+from airgraph.explainer import fake_cuda_guard
 from airgraph.passes import run_pipeline
 from airgraph.report import GraphReport
 from airgraph.runtime.capture import CaptureState, GraphCapture, find_uncapturable

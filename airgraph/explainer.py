@@ -1,4 +1,4 @@
-"""airgraph.explain: compile a function with airgraph, run it once, and return what was compiled.
+"""airgraph.explain (and airgraph.plan): compile a function with airgraph, run it once, and return what was compiled.
 
 Planning for a device you do not have: when the inputs are fake tensors (``FakeTensorMode``, e.g. faked on
 ``device="cuda"`` on a laptop), ``explain`` compiles *without running*: the pass pipeline and the
@@ -30,8 +30,6 @@ import contextlib
 import ctypes
 import glob
 import os
-import sys
-import types
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -225,22 +223,6 @@ def fake_cuda_guard() -> Iterator[None]:
         proxy_tensor.CONSTANT_NUMEL_LIMIT = numel_limit
         if installed:
             registry[_CUDA] = None
-
-
-class _CallableModule(types.ModuleType):
-    """This module, callable as its :func:`explain`.
-
-    The package loads its public names lazily, so ``airgraph.explain`` is whatever the package attribute holds:
-    the function, or this module once anything imported it (``from airgraph.explain import plan`` binds the
-    module to the package attribute). Either way ``airgraph.explain(fn, *args)`` and ``airgraph.explain.plan``
-    work.
-    """
-
-    def __call__(self, fn: Any, *args: Any, config: CompilerConfig | None = None, **kwargs: Any) -> ExplainReport:
-        return explain(fn, *args, config=config, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
 
 
 def write_trace(fn: Any, args: tuple, kwargs: dict, path: str) -> None:
