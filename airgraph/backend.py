@@ -36,7 +36,8 @@ from airgraph.passes import CompileContext, run_pipeline
 from airgraph.passes.base import mutated_nodes, target_name
 from airgraph.report import GraphReport, NodeReport, SegmentReport, next_graph_id
 from airgraph.runtime.capture import GraphCapture, MemoryPool, find_uncapturable
-from airgraph.runtime.executor import build_executor, build_host_split, describe_host_split
+from airgraph.runtime.executor import build_executor
+from airgraph.runtime.host import build_host_split, describe_host_split
 
 __all__ = ["AirgraphBackend", "airgraph_backend", "get_backend"]
 

@@ -25,7 +25,7 @@ stream first waits for the old one (before any input is copied), because keys sh
 
 Host work (ops that host placement put on the CPU, passes/host_placement.py) cannot be captured: a CUDA
 graph records device work only, and a host value read by a kernel would be frozen at its recording value.
-The graph is therefore cut in three (``runtime.executor.HostSplit``), each piece lowered on its own:
+The graph is therefore cut in three (``runtime.host.HostSplit``), each piece lowered on its own:
 
 - **static host work** depends on the shape key alone (SymInt inputs, sizes, constants; never on the data
   of a CPU input, never random). It runs once per key, when the key is recorded; its results are kept with
@@ -59,7 +59,7 @@ import torch
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from airgraph.report import GraphReport
-from airgraph.runtime.executor import HostSplit, plan_host_work
+from airgraph.runtime.host import HostSplit, plan_host_work
 
 log = logging.getLogger("airgraph")
 

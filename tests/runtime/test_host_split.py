@@ -18,7 +18,7 @@ from airgraph.explainer import fake_cuda_guard
 from airgraph.passes import run_pipeline
 from airgraph.report import GraphReport
 from airgraph.runtime.capture import CaptureState, GraphCapture, find_uncapturable
-from airgraph.runtime.executor import build_host_split, plan_host_work
+from airgraph.runtime.host import build_host_split, plan_host_work
 from tests.passes.test_host_placement import context
 
 
