@@ -108,7 +108,7 @@ class AirgraphBackend:
         ctx = CompileContext(config=config, report=report, kind=kind, device=device, example_inputs=example_inputs)
         report.passes = run_pipeline(gm, ctx)
 
-        segments = partition(gm)
+        segments = partition(gm, streams=device.type == "cuda")
         requested = "interpreter" if config.debug.run_eagerly else config.kernel_backend
         split = self._plan_capture(gm, device, report)
         if self.plan_only or split:  # name the backends; this partition is not lowered

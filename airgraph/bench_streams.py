@@ -47,7 +47,8 @@ def _time(model: torch.nn.Module, inputs: tuple, config: airgraph.CompilerConfig
     return {
         "median_ms": round(statistics.median(samples), 4),
         "captured": any(r.captured for r in backend.reports),
-        "streams": sorted({s.stream for r in backend.reports for s in r.segments if s.stream}),
+        # Streams the scopes assigned (on the CPU they do not split segments: no device streams there).
+        "streams": sorted({n.stream for r in backend.reports for n in r.nodes if n.stream}),
         "output": out,
     }
 

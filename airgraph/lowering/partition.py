@@ -44,8 +44,14 @@ class Segment:
         return [node.meta.get("val") for node in self.inputs]
 
 
-def partition(gm: torch.fx.GraphModule) -> list[Segment]:
-    """Split ``gm`` into segments in graph order and build each segment's graph module."""
+def partition(gm: torch.fx.GraphModule, *, streams: bool = True) -> list[Segment]:
+    """Split ``gm`` into segments in graph order and build each segment's graph module.
+
+    ``streams=False`` is for graphs that run without device streams (on the CPU): stream scopes then do not
+    split segments and the sync points (event record/wait, record_tagged_stream), which would do nothing,
+    are left out, so a multi-stream model keeps one segment there (node.meta["stream"] still says what the
+    scopes asked for).
+    """
     segments: list[Segment] = []
     for node in gm.graph.nodes:
         node.meta.pop("segment", None)
@@ -58,7 +64,9 @@ def partition(gm: torch.fx.GraphModule) -> list[Segment]:
             segments[source.meta["segment"]].nodes.append(node)
             node.meta["segment"] = source.meta["segment"]
             continue
-        key = segment_key(node)
+        key = segment_key(node) if streams else (segment_key(node)[0], None)
+        if node.target in SYNC_OPS and not streams:
+            continue
         if node.target in SYNC_OPS:
             segments.append(Segment(id=len(segments), placement=key[0], stream=key[1], nodes=[node], kind="sync"))
             node.meta["segment"] = segments[-1].id
