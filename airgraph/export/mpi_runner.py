@@ -33,7 +33,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from airgraph.export.runner import RunError, check_inputs, compare, file_digest, load_export, read_npz, reference
+from airgraph.export.runner import RunError, check_inputs, check_outputs, load_export, read_npz, reference
 
 __all__ = ["MS_DOMAIN", "CollectiveRunner", "StagedModel", "collective_signature", "worker_main"]
 
@@ -301,7 +301,7 @@ def worker_main(args: Any, prog: str) -> int:
         say(f"wrote {path}")
     code = 0
     if args.check:
-        code = _check(info, outputs, args, rank, say)
+        code = check_outputs(info, outputs, _rank_path(args.expected, rank), rtol=args.rtol, atol=args.atol, say=say)
     return max(comm.allgather(code))
 
 
@@ -316,21 +316,3 @@ def _signature_mismatch(signatures: list[Any]) -> str | None:
         if len({json.dumps(v) for v in members.values()}) > 1:
             return f"the ranks of group {list(ranks)} hold different collectives: {members}"
     return None
-
-
-def _check(info: Any, outputs: dict[str, np.ndarray], args: Any, rank: int, say: Any) -> int:
-    for rel, entry in info.metadata.get("files", {}).items():
-        if file_digest(info.path(rel)) != entry["sha256"]:
-            say(f"check: FAILED: {rel} differs from the file written at export (sha256)")
-            return 1
-    expected_path = _rank_path(args.expected, rank)
-    expected = read_npz(expected_path) if expected_path else reference(info, "outputs")
-    records = compare(outputs, expected, rtol=args.rtol, atol=args.atol)
-    bad = [r for r in records if not r["ok"]]
-    for r in bad:
-        say(f"check: FAILED: output {r['name']!r}: {r['reason']}")
-    if bad:
-        return 1
-    worst = max((r["max_abs_diff"] or 0.0 for r in records), default=0.0)
-    say(f"check: ok: {len(records)} output(s) match the reference (max abs diff {worst:.3g})")
-    return 0

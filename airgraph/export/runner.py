@@ -33,7 +33,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -335,20 +335,35 @@ def _main(args: argparse.Namespace) -> int:
         print(f"wrote {args.output}")
     if not args.check:
         return 0
+    return check_outputs(info, outputs, args.expected, rtol=args.rtol, atol=args.atol, say=print)
+
+
+def check_outputs(
+    info: Any,
+    outputs: dict[str, np.ndarray],
+    expected_path: str | None,
+    *,
+    rtol: float | None,
+    atol: float | None,
+    say: Callable[[str], Any],
+) -> int:
+    """``--check``: the export's files still hash as written, and ``outputs`` match the expected outputs
+    (``expected_path``, else the reference saved at export). Says one line per failure, or one ok line;
+    returns the exit code (0 or 1). Shared by the single-process and the MPI runner."""
     for rel, entry in info.metadata.get("files", {}).items():
         if file_digest(info.path(rel)) != entry["sha256"]:
-            print(f"check: FAILED: {rel} differs from the file written at export (sha256)")
+            say(f"check: FAILED: {rel} differs from the file written at export (sha256)")
             return 1
-    expected = read_npz(args.expected) if args.expected else reference(info, "outputs")
-    records = compare(outputs, expected, rtol=args.rtol, atol=args.atol)
+    expected = read_npz(expected_path) if expected_path else reference(info, "outputs")
+    records = compare(outputs, expected, rtol=rtol, atol=atol)
     bad = [r for r in records if not r["ok"]]
     for r in bad:
-        print(f"check: FAILED: output {r['name']!r}: {r['reason']}")
+        say(f"check: FAILED: output {r['name']!r}: {r['reason']}")
     if bad:
         return 1
     worst = max((r["max_abs_diff"] or 0.0 for r in records), default=0.0)
     tol = ", ".join(sorted({f"rtol={r['rtol']:g}, atol={r['atol']:g}" for r in records}))
-    print(f"check: ok: {len(records)} output(s) match the reference ({tol}; max abs diff {worst:.3g})")
+    say(f"check: ok: {len(records)} output(s) match the reference ({tol}; max abs diff {worst:.3g})")
     return 0
 
 
