@@ -84,9 +84,15 @@ def test_nested_scopes_innermost_wins():
     assert streams["aten.mul.Tensor"] is None
 
 
-def _inner(exc_info) -> BaseException:
-    exc = exc_info.value
-    return getattr(exc, "inner_exception", None) or exc.__cause__ or exc
+def stream_error(fn) -> StreamGraphError:
+    """Compile and call ``fn``; the StreamGraphError the backend raised (Dynamo wraps it)."""
+    compiled, _ = compile_with(fn, kernel_backend="aten", fullgraph=True)
+    with pytest.raises(BackendCompilerFailed) as info:
+        compiled(torch.randn(3))
+    exc = info.value
+    inner = getattr(exc, "inner_exception", None) or exc.__cause__ or exc
+    assert isinstance(inner, StreamGraphError)
+    return inner
 
 
 def test_wait_without_record_names_tag_and_line():
@@ -97,11 +103,7 @@ def test_wait_without_record_names_tag_and_line():
             ops.tagged_event_wait(event)
             return x + 1
 
-    compiled, _ = compile_with(fn, kernel_backend="aten", fullgraph=True)
-    with pytest.raises(BackendCompilerFailed) as info:
-        compiled(torch.randn(3))
-    inner = _inner(info)
-    assert isinstance(inner, StreamGraphError)
+    inner = stream_error(fn)
     assert "'never'" in str(inner) and "never recorded before the wait" in str(inner)
     assert "test_streams.py:" in str(inner)
 
@@ -111,11 +113,7 @@ def test_unbalanced_scope_names_tag_and_line():
         torch.ops.airgraph.stream_enter("dangling", 0)  # a scope opened by hand and never closed
         return x * 2
 
-    compiled, _ = compile_with(fn, kernel_backend="aten", fullgraph=True)
-    with pytest.raises(BackendCompilerFailed) as info:
-        compiled(torch.randn(3))
-    inner = _inner(info)
-    assert isinstance(inner, StreamGraphError)
+    inner = stream_error(fn)
     assert "unbalanced stream scopes" in str(inner) and "'dangling'" in str(inner) and "test_streams.py:" in str(inner)
 
 
@@ -124,11 +122,7 @@ def test_priority_out_of_range_names_tag_and_line():
         with scope.stream_switch("hi", stream_priority=7):
             return x + 1
 
-    compiled, _ = compile_with(fn, kernel_backend="aten", fullgraph=True)
-    with pytest.raises(BackendCompilerFailed) as info:
-        compiled(torch.randn(3))
-    inner = _inner(info)
-    assert isinstance(inner, StreamGraphError)
+    inner = stream_error(fn)
     assert "'hi'" in str(inner) and "outside the device's range" in str(inner) and "test_streams.py:" in str(inner)
 
 
