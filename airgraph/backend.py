@@ -110,7 +110,7 @@ class AirgraphBackend:
 
         segments = partition(gm, streams=device.type == "cuda")
         requested = "interpreter" if config.debug.run_eagerly else config.kernel_backend
-        split = self._plan_capture(gm, device, report)
+        split, uncapturable = self._plan_capture(gm, device, report)
         if self.plan_only or split:  # name the backends; this partition is not lowered
             for seg in segments:
                 seg.backend = seg.kind if seg.kind != "compute" else backend_for(seg, requested)
@@ -125,7 +125,7 @@ class AirgraphBackend:
             if not (len(segments) == 1 and run is segments[0].compiled):
                 _report_output_strides(gm)
         if config.mode == "reduce-overhead" and not self.plan_only:
-            run = self._capture(run, gm, device, kind, report)
+            run = self._capture(run, gm, device, kind, report, uncapturable)
         report.nodes = [
             NodeReport(
                 name=node.name,
@@ -144,28 +144,37 @@ class AirgraphBackend:
         self.reports.append(report)
         return run
 
-    def _plan_capture(self, gm: torch.fx.GraphModule, device: torch.device, report: GraphReport) -> bool:
-        """reduce-overhead: whether host work is split off around the CUDA graph replay (runtime/capture.py).
+    def _plan_capture(
+        self, gm: torch.fx.GraphModule, device: torch.device, report: GraphReport
+    ) -> tuple[bool, str | None]:
+        """reduce-overhead: whether host work is split off around the CUDA graph replay (runtime/capture.py),
+        and why the graph cannot be captured (None when it can; computed once, used by ``_capture`` too).
 
         When planning, also records what capture would do: why the graph would run uncaptured, if it would.
         """
         if self.config.mode != "reduce-overhead":
-            return False
+            return False, None
         if device.type != "cuda":
             if self.plan_only:
                 report.uncaptured_reason = f"reduce-overhead captures CUDA graphs; this graph runs on {device.type}"
-            return False
+            return False, None
         reason = find_uncapturable(gm)
         if self.plan_only:
             report.uncaptured_reason = reason
         has_host = any(n.meta.get("placement") == HOST for n in gm.graph.nodes)  # host ops or CPU inputs
         if reason is not None or not has_host:
-            return False
+            return False, reason
         report.host_prologue = describe_host_split(gm)
-        return True
+        return True, reason
 
     def _capture(
-        self, run: Callable[[list], Any], gm: torch.fx.GraphModule, device: torch.device, kind: str, report: GraphReport
+        self,
+        run: Callable[[list], Any],
+        gm: torch.fx.GraphModule,
+        device: torch.device,
+        kind: str,
+        report: GraphReport,
+        uncapturable: str | None,
     ) -> Callable[[list], Any]:
         if device.type != "cuda":
             report.uncaptured_reason = f"reduce-overhead captures CUDA graphs; this graph runs on {device.type}"
@@ -184,7 +193,7 @@ class AirgraphBackend:
             capture_limit=self.config.reduce_overhead.capture_limit,
             warmup_iters=self.config.reduce_overhead.warmup_iters,
             report=report,
-            uncapturable=find_uncapturable(gm),
+            uncapturable=uncapturable,
         )
         return capture
 
