@@ -190,18 +190,19 @@ def fake_cuda_guard() -> Iterator[None]:
     ``torch._C._ensureCUDADeviceGuardSet()`` (which ``FakeTensorMode`` calls) installs its fake CUDA guard when
     the registered one reports no devices. On a CPU-only build nothing is registered, so this puts a guard that
     reports no devices (the lazy-tensor one) in CUDA's slot of c10's registry, lets PyTorch replace it with
-    its fake CUDA guard, and empties the slot again on exit. It does nothing where CUDA is compiled in (the
-    GPU machines), where the slot is already taken, or where the registry cannot be found (then indexing a
-    fake CUDA tensor fails as before). No public API registers a CUDA device guard.
+    its fake CUDA guard, and empties the slot again on exit. It does not touch the registry where CUDA is
+    compiled in (a CUDA build finds no GPU and installs the fake guard itself), where the slot is already
+    taken, or where the registry cannot be found (then indexing a fake CUDA tensor fails as before). No public
+    API registers a CUDA device guard.
 
-    It also keeps ``torch.tensor(..., device="cuda")`` from allocating on the device while AOTAutograd traces
+    Wherever no GPU is usable (a CPU-only build, or a CUDA build on a machine without a driver) it also keeps ``torch.tensor(..., device="cuda")`` from allocating on the device while AOTAutograd traces
     (``torch._C._set_only_lift_cpu_tensors``: the tensor is made on the CPU and moved by a traced op, which is
     what ``FakeTensorMode`` itself does inside its ``with`` block when no GPU is available), and turns off
     make_fx's constant propagation of one-element tensors (``proxy_tensor.CONSTANT_NUMEL_LIMIT``), which runs
     the op for real, on the device. (A one-element constant that the GPU run would fold into a Python number
-    then shows as an op in the planned graph.)
+    then shows as an op in the planned graph.) With a usable GPU it does nothing.
     """
-    if torch.backends.cuda.is_built():
+    if torch.cuda.is_available():
         yield
         return
     from torch.fx.experimental import proxy_tensor
@@ -209,7 +210,7 @@ def fake_cuda_guard() -> Iterator[None]:
     lift_cpu_only, numel_limit = torch._C._only_lift_cpu_tensors(), proxy_tensor.CONSTANT_NUMEL_LIMIT
     torch._C._set_only_lift_cpu_tensors(True)
     proxy_tensor.CONSTANT_NUMEL_LIMIT = 0
-    registry = _guard_registry()
+    registry = None if torch.backends.cuda.is_built() else _guard_registry()
     installed = registry is not None and not registry[_CUDA] and bool(registry[_LAZY])
     if installed:
         registry[_CUDA] = registry[_LAZY]

@@ -41,6 +41,7 @@ from __future__ import annotations
 import operator
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.utils._pytree import tree_leaves
 
@@ -94,6 +95,9 @@ def _small(val: torch.Tensor, limit: int) -> bool:
 
 def _redevice(val: object, device: torch.device) -> object:
     """The same fake value (sizes, strides, dtype) on ``device``; SymInt sizes are kept, no guard is added."""
+    if isinstance(val, FakeTensor):
+        with val.fake_mode:  # inside its mode: no device initialisation (a CUDA build with no GPU has none)
+            return val.new_empty_strided(val.shape, val.stride(), dtype=val.dtype, device=device)
     if isinstance(val, torch.Tensor):
         return val.new_empty_strided(val.shape, val.stride(), dtype=val.dtype, device=device)
     if isinstance(val, (list, tuple)):
