@@ -36,6 +36,7 @@ from airgraph.passes import CompileContext, run_pipeline
 from airgraph.passes.base import mutated_nodes, target_name
 from airgraph.report import GraphReport, NodeReport, SegmentReport, next_graph_id
 from airgraph.runtime.capture import GraphCapture, MemoryPool, find_uncapturable
+from airgraph.runtime.device import CUDA
 from airgraph.runtime.executor import build_executor
 from airgraph.runtime.host import build_host_split, describe_host_split
 
@@ -47,7 +48,11 @@ log = logging.getLogger("airgraph")
 class AirgraphBackend:
     """A torch.compile backend. Holds its own copy of the config and a report per compiled ATen graph."""
 
-    def __init__(self, compiler_config: CompilerConfig | None = None, *, plan_only: bool = False) -> None:
+    def __init__(
+        self, compiler_config: CompilerConfig | None = None, *, plan_only: bool = False, runtime: Any = None
+    ) -> None:
+        """``runtime`` (tests): a device runtime that runs CPU graphs as if they were CUDA graphs, with side
+        streams and capture (``airgraph.runtime.simulated.SimulatedCuda``); None: CUDA graphs use CUDA."""
         if compiler_config is not None and not isinstance(compiler_config, CompilerConfig):
             raise TypeError(
                 f"compiler_config must be an airgraph.CompilerConfig, not {type(compiler_config).__name__}; "
@@ -57,7 +62,8 @@ class AirgraphBackend:
         self.reports: list[GraphReport] = []
         self.plan_only = plan_only
         self.dynamo_graphs = 0
-        self._pool = MemoryPool()
+        self.runtime = runtime
+        self._pool = MemoryPool(runtime or CUDA)
         self._cpu_capture_noted = False
 
     def __repr__(self) -> str:
@@ -108,7 +114,8 @@ class AirgraphBackend:
         ctx = CompileContext(config=config, report=report, kind=kind, device=device, example_inputs=example_inputs)
         report.passes = run_pipeline(gm, ctx)
 
-        segments = partition(gm, streams=device.type == "cuda")
+        runtime = self._runtime_for(device)
+        segments = partition(gm, streams=runtime is not None)
         requested = "interpreter" if config.debug.run_eagerly else config.kernel_backend
         split, uncapturable = self._plan_capture(gm, device, report)
         if self.plan_only or split:  # name the backends; this partition is not lowered
@@ -117,11 +124,11 @@ class AirgraphBackend:
         if self.plan_only:
             run = _planned_run(gm)
         elif split:  # reduce-overhead with host work: lowered piecewise, host work around the replay
-            run = build_host_split(gm, requested, kind=kind)
+            run = build_host_split(gm, requested, kind=kind, priorities=report.stream_priorities)
             _report_output_strides(gm)
         else:
             lower_segments(segments, requested, kind=kind)
-            run = build_executor(gm, segments, device)
+            run = build_executor(gm, segments, device, runtime=runtime, priorities=report.stream_priorities)
             if not (len(segments) == 1 and run is segments[0].compiled):
                 _report_output_strides(gm)
         if config.mode == "reduce-overhead" and not self.plan_only:
@@ -176,7 +183,7 @@ class AirgraphBackend:
         report: GraphReport,
         uncapturable: str | None,
     ) -> Callable[[list], Any]:
-        if device.type != "cuda":
+        if self._runtime_for(device) is None:
             report.uncaptured_reason = f"reduce-overhead captures CUDA graphs; this graph runs on {device.type}"
             if not self._cpu_capture_noted:
                 self._cpu_capture_noted = True
@@ -196,6 +203,12 @@ class AirgraphBackend:
             uncapturable=uncapturable,
         )
         return capture
+
+    def _runtime_for(self, device: torch.device) -> Any:
+        """The device runtime a graph on ``device`` runs its streams and captures with, or None (the CPU)."""
+        if device.type == "cuda":
+            return self.runtime or CUDA
+        return self.runtime if device.type == "cpu" else None
 
 
 def graph_device(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> torch.device:

@@ -75,9 +75,17 @@ _eager = _EagerStreams()
 _streams: dict[tuple[str, int], torch.cuda.Stream] = {}
 
 
-def stream_for(tag: str, device: torch.device | int | None = None, priority: int = 0) -> torch.cuda.Stream:
-    """The CUDA stream a tag names on a device (same tag, same stream; created on first use)."""
-    index = torch.cuda.current_device() if device is None else torch.device("cuda", device).index
+def device_index(device: torch.device | str | int | None) -> int | None:
+    """The device's index (``cuda:1`` -> 1, ``2`` -> 2), or None for the current device (``cuda``, None)."""
+    if device is None or isinstance(device, int):
+        return device
+    return torch.device(device).index
+
+
+def stream_for(tag: str, device: torch.device | str | int | None = None, priority: int = 0) -> torch.cuda.Stream:
+    """The CUDA stream a tag names on a device (same tag, same stream; created on first use, with the priority
+    of that use: the streams pass refuses a tag opened with two priorities in one graph)."""
+    index = device_index(device)
     index = torch.cuda.current_device() if index is None else index
     key = (tag, index)
     if key not in _streams:

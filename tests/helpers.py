@@ -28,8 +28,9 @@ def make_config(**options: Any) -> airgraph.CompilerConfig:
     return config
 
 
-def compile_with(fn: Any, *, dynamic: bool | None = None, fullgraph: bool = False, **options: Any):
-    backend = AirgraphBackend(make_config(**options))
+def compile_with(fn: Any, *, dynamic: bool | None = None, fullgraph: bool = False, runtime: Any = None, **options: Any):
+    """``fn`` compiled with a fresh backend of these options (``runtime``: e.g. a SimulatedCuda), and the backend."""
+    backend = AirgraphBackend(make_config(**options), runtime=runtime)
     return torch.compile(fn, backend=backend, dynamic=dynamic, fullgraph=fullgraph), backend
 
 

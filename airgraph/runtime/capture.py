@@ -17,11 +17,21 @@ Memory: all keys of all graphs of one backend share one CUDA graph memory pool, 
 TorchAir do, which is safe because a key's outputs never stay in the pool: see below.
 
 Outputs (the documented policy): **outputs stay correct**. After each replay the outputs are copied out of
-the pool into fresh tensors owned by the caller (one device-to-device copy per output, on the replay's
-stream), so a tensor kept from step N is never overwritten by step N+1, nor by another key's replay.
+the pool into fresh tensors owned by the caller (one device-to-device copy per output storage, on the
+replay's stream), so a tensor kept from step N is never overwritten by step N+1, nor by another key's
+replay. Copies keep each output's storage offset, and outputs that share a storage share the copy, so
+AOTAutograd's regeneration of views (``as_strided`` on the returned tensor's metadata under dynamic shapes)
+gives the eager result. An output that is a view of an input is a view of the caller's tensor (a parameter
+used in place, or the caller's own input rather than its static buffer), never a copy.
 
-Replays run on the caller's current stream; when it differs from the previous replay's stream, the new
-stream first waits for the old one (before any input is copied), because keys share memory.
+Replays run on the caller's current stream; when it differs from the previous replay's stream on that
+device (any graph of the backend: they share the pool), the new stream first waits for the old one.
+
+Inputs whose strides are 0 in some dimension (``expand``-ed masks) keep those strides in their buffer and
+are copied over one element along each expanded dimension.
+
+The device work goes through a runtime (runtime/device.py): CUDA's own, or the simulator that replays the
+same logic on the CPU for the tests of a machine without a GPU.
 
 Host work (ops that host placement put on the CPU, passes/host_placement.py) cannot be captured: a CUDA
 graph records device work only, and a host value read by a kernel would be frozen at its recording value.
@@ -59,6 +69,7 @@ import torch
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from airgraph.report import GraphReport
+from airgraph.runtime.device import CUDA
 from airgraph.runtime.host import HostSplit, plan_host_work
 
 log = logging.getLogger("airgraph")
@@ -74,7 +85,7 @@ class CaptureState(enum.Enum):
 class _Key:
     state: CaptureState
     warmups: int = 0
-    graph: torch.cuda.CUDAGraph | None = None
+    graph: Any = None  # the runtime's graph (a torch.cuda.CUDAGraph on CUDA)
     static_args: list[Any] = field(default_factory=list)
     static_outputs: Sequence[Any] = ()
     static_ptrs: tuple[int, ...] = ()
@@ -82,6 +93,9 @@ class _Key:
     # HostSplit only: the key's static host values, and (static buffer, transfer) pairs refilled per call.
     statics: list[Any] = field(default_factory=list)
     refill: list[tuple[torch.Tensor, Any]] = field(default_factory=list)
+    expanded: dict[int, tuple[int, ...]] = field(default_factory=dict)  # copied input -> its expanded dims
+    copy_back: tuple[int, ...] = ()  # mutated inputs copied back from their buffers after a replay
+    outputs: list[tuple] = field(default_factory=list)  # _output_plan
 
 
 class MemoryPool:
@@ -89,27 +103,25 @@ class MemoryPool:
 
     Warm-up runs and recordings both happen on the capture stream (as CUDAGraph Trees do), so whatever a
     first run sets up per stream (cuBLAS workspaces, Triton autotuning) is set up for the stream recorded.
+    The pool also remembers the stream of the last replay on each device: every graph's replay is ordered
+    after it (graphs of the pool share its memory).
     """
 
-    def __init__(self) -> None:
-        self._handles: dict[int, Any] = {}
-        self._streams: dict[int, torch.cuda.Stream] = {}
-
-    @staticmethod
-    def _index(device: torch.device) -> int:
-        return device.index if device.index is not None else torch.cuda.current_device()
+    def __init__(self, runtime: Any = CUDA) -> None:
+        self.runtime = runtime
+        self._handles: dict[Any, Any] = {}
+        self._streams: dict[Any, Any] = {}
+        self.last_stream: dict[Any, Any] = {}
 
     def handle(self, device: torch.device) -> Any:
-        index = self._index(device)
-        if index not in self._handles:
-            self._handles[index] = torch.cuda.graph_pool_handle()
-        return self._handles[index]
+        if device not in self._handles:
+            self._handles[device] = self.runtime.pool_handle()
+        return self._handles[device]
 
-    def stream(self, device: torch.device) -> torch.cuda.Stream:
-        index = self._index(device)
-        if index not in self._streams:
-            self._streams[index] = torch.cuda.Stream(device=index)
-        return self._streams[index]
+    def stream(self, device: torch.device) -> Any:
+        if device not in self._streams:
+            self._streams[device] = self.runtime.new_stream(device)
+        return self._streams[device]
 
 
 class GraphCapture:
@@ -144,7 +156,7 @@ class GraphCapture:
         self._keys: dict[tuple, _Key] = {}
         self._dynamic: list[int] | None = None
         self._limit_warned = False
-        self._last_stream: torch.cuda.Stream | None = None
+        self._runtime = pool.runtime
         if uncapturable:
             report.uncaptured_reason = uncapturable
             log.warning("airgraph: graph %d runs uncaptured in reduce-overhead: %s", report.id, uncapturable)
@@ -205,36 +217,44 @@ class GraphCapture:
 
     def _warmup(self, args: list) -> Any:
         """Run uncaptured on the capture stream, ordered after and before the caller's stream."""
-        caller = torch.cuda.current_stream(self.device)
+        runtime = self._runtime
+        caller = runtime.current_stream(self.device)
         side = self._pool.stream(self.device)
         side.wait_stream(caller)
-        with torch.cuda.stream(side):
+        with runtime.use(side):
             outputs = self._run(args)
         caller.wait_stream(side)
         for out in outputs:  # allocated on the side stream, used on the caller's: don't reuse them early
-            if isinstance(out, torch.Tensor) and out.is_cuda:
-                out.record_stream(caller)
+            if isinstance(out, torch.Tensor):
+                runtime.record_stream(out, caller)
         return outputs
 
     def _record(self, entry: _Key, args: list) -> None:
         split = self._split
         device_args, capture_fn = list(args), self._run
-        if split is not None:  # host work now, outside the recording: see the module docstring
-            entry.statics = split.run_static(list(args))
-            values = [*args, *entry.statics, *split.run_per_call(list(args), entry.statics)]
+        if split is not None:  # host work: this call's (the warm-up just ran it), outside the recording
+            statics, values = split.last_run
+            split.last_run = None
+            entry.statics = statics
             boundary = split.boundary(values)
             entry.refill = [(buf, t) for buf, t in zip(boundary, split.transfers) if not t.static]
             device_args, capture_fn = [*args, *boundary], split.device_fn
         # Non-static device inputs get buffers of their own; their contents are copied in before each replay
         # (recording reads no data, so they start uninitialized). Host work's inputs are read outside the graph.
         static_args = [
-            a if i in self._static_set or i >= len(args) or not _is_device_tensor(a, split) else _static_like(a)
+            a
+            if i in self._static_set or i >= len(args) or not _is_device_tensor(a, split)
+            else self._runtime.static_buffer(a)
             for i, a in enumerate(device_args)
         ]
-        graph = torch.cuda.CUDAGraph()
         try:
-            with torch.cuda.graph(graph, pool=self._pool.handle(self.device), stream=self._pool.stream(self.device)):
-                static_outputs = capture_fn(list(static_args))
+            graph, static_outputs = self._runtime.capture(
+                capture_fn,
+                list(static_args),
+                pool=self._pool.handle(self.device),
+                stream=self._pool.stream(self.device),
+                device=self.device,
+            )
         except Exception as exc:  # capture refused an op: run this key uncaptured from now on
             entry.state = CaptureState.UNCAPTURED
             reason = f"CUDA graph capture failed: {type(exc).__name__}: {str(exc).splitlines()[0]}"
@@ -244,16 +264,20 @@ class GraphCapture:
         entry.graph, entry.static_args, entry.static_outputs = graph, static_args, static_outputs
         entry.static_ptrs = self._static_ptrs(static_args)
         entry.copy_indices = tuple(i for i in range(len(args)) if static_args[i] is not args[i])
+        entry.expanded = {i: _expanded_dims(static_args[i]) for i in entry.copy_indices}
+        entry.copy_back = tuple(i for i in self._mutated if i in entry.copy_indices)
+        entry.outputs = _output_plan(static_outputs, static_args, len(args), entry.copy_indices)
         entry.state = CaptureState.CAPTURED
         self._report.captured = True
         self._report.capture_keys += 1
 
     def _replay(self, entry: _Key, args: list) -> list[Any]:
         static_args = entry.static_args
-        stream = torch.cuda.current_stream(self.device)
-        if self._last_stream is not None and self._last_stream != stream:
-            stream.wait_stream(self._last_stream)  # keys share memory: the last replay's stream goes first
-        self._last_stream = stream
+        stream = self._runtime.current_stream(self.device)
+        last = self._pool.last_stream.get(self.device)
+        if last is not None and last != stream:
+            stream.wait_stream(last)  # graphs share the pool's memory: the last replay's stream goes first
+        self._pool.last_stream[self.device] = stream
         split, values = self._split, None
         if split is not None:  # the host prologue, then its values into the graph's buffers
             values = [*args, *entry.statics, *split.run_per_call(args, entry.statics)]
@@ -262,14 +286,79 @@ class GraphCapture:
         for i in entry.copy_indices:
             buffer, a = static_args[i], args[i]
             if buffer.data_ptr() != a.data_ptr():
-                buffer.copy_(a)
+                dims = entry.expanded[i]
+                _one_per_expanded(buffer, dims).copy_(_one_per_expanded(a, dims))
         entry.graph.replay()
-        for i in self._mutated:
+        for i in entry.copy_back:  # mutated inputs that had a buffer (CPU inputs were mutated in place)
             if static_args[i].data_ptr() != args[i].data_ptr():
                 args[i].copy_(static_args[i])
+        outputs = _copy_out(entry, args)
         args.clear()
-        outputs = [o.clone() if isinstance(o, torch.Tensor) else o for o in entry.static_outputs]
         return outputs if split is None else split.assemble(outputs, values, clone_static=True)
+
+
+def _expanded_dims(t: Any) -> tuple[int, ...]:
+    """Dimensions of ``t`` with stride 0 and size > 1 (an ``expand``): many elements, one memory location."""
+    if not isinstance(t, torch.Tensor):
+        return ()
+    return tuple(d for d in range(t.dim()) if t.stride(d) == 0 and t.size(d) > 1)
+
+
+def _one_per_expanded(t: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
+    """``t`` narrowed to one element along each expanded dimension: the memory it really has, copyable."""
+    for d in dims:
+        t = t.narrow(d, 0, 1)
+    return t
+
+
+# How each output of a replay reaches the caller (see the module docstring):
+_KEEP, _INPUT_VIEW, _COPY = "keep", "input view", "copy"
+
+
+def _output_plan(
+    outputs: Sequence[Any], static_args: list, num_args: int, copy_indices: tuple[int, ...]
+) -> list[tuple]:
+    """Per output: (_KEEP,) for non-tensors and views of inputs used in place (parameters, buffers, CPU
+    inputs of host work); (_INPUT_VIEW, i) for a view of input ``i``'s static buffer; (_COPY, storage) for
+    anything else (memory of the pool, the buffers host work's values are copied into)."""
+    buffers = {_storage(static_args[i]): i for i in copy_indices}
+    in_place = {
+        _storage(a)
+        for i, a in enumerate(static_args[:num_args])
+        if isinstance(a, torch.Tensor) and i not in copy_indices
+    }
+    plan: list[tuple] = []
+    for out in outputs:
+        if not isinstance(out, torch.Tensor) or _storage(out) in in_place:
+            plan.append((_KEEP,))
+        elif _storage(out) in buffers:
+            plan.append((_INPUT_VIEW, buffers[_storage(out)]))
+        else:
+            plan.append((_COPY, _storage(out)))
+    return plan
+
+
+def _storage(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+def _copy_out(entry: _Key, args: list) -> list[Any]:
+    """The replay's outputs for the caller: pool memory copied once per storage, offsets and sharing kept."""
+    copies: dict[int, Any] = {}
+    outputs = []
+    for out, how in zip(entry.static_outputs, entry.outputs):
+        if how[0] == _KEEP:
+            outputs.append(out)
+        elif how[0] == _INPUT_VIEW:
+            base, buffer = args[how[1]], entry.static_args[how[1]]
+            offset = out.storage_offset() - buffer.storage_offset() + base.storage_offset()
+            outputs.append(base.as_strided(out.size(), out.stride(), offset))
+        else:
+            if how[1] not in copies:
+                copies[how[1]] = out.untyped_storage().clone()
+            view = torch.empty(0, dtype=out.dtype, device=out.device)
+            outputs.append(view.set_(copies[how[1]], out.storage_offset(), out.size(), out.stride()))
+    return outputs
 
 
 def _is_device_tensor(value: Any, split: HostSplit | None) -> bool:
@@ -277,10 +366,6 @@ def _is_device_tensor(value: Any, split: HostSplit | None) -> bool:
     if not isinstance(value, torch.Tensor):
         return False
     return split is None or value.device.type != "cpu"
-
-
-def _static_like(t: torch.Tensor) -> torch.Tensor:
-    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
 
 
 def find_uncapturable(gm: torch.fx.GraphModule) -> str | None:

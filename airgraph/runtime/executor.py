@@ -24,18 +24,29 @@ from airgraph import ops
 from airgraph.codegen import Emitter, compile_function, last_uses
 from airgraph.lowering.partition import Segment
 from airgraph.passes.host_placement import META
+from airgraph.runtime.device import CUDA
 
 
 def build_executor(
-    gm: torch.fx.GraphModule, segments: list[Segment], device: torch.device | None = None
+    gm: torch.fx.GraphModule,
+    segments: list[Segment],
+    device: torch.device | None = None,
+    *,
+    runtime: Any = None,
+    priorities: dict[str, int] | None = None,
 ) -> Callable[[list], Any]:
-    """A boxed callable running ``segments`` (lowered) in order; see the module docstring."""
+    """A boxed callable running ``segments`` (lowered) in order; see the module docstring.
+
+    ``runtime`` runs the streams (runtime/device.py): CUDA's own for a CUDA graph when None; the simulator
+    runs a CPU graph as if it were one. ``priorities``: each stream tag's priority (the streams pass's)."""
     nodes = list(gm.graph.nodes)
     placeholders = [n for n in nodes if n.op == "placeholder"]
     outputs = list(nodes[-1].args[0])
     compute = [seg for seg in segments if seg.kind == "compute"]
     on_cuda = device is not None and device.type == "cuda"
-    multi_stream = on_cuda and any(seg.stream is not None for seg in segments)
+    if runtime is None and on_cuda:
+        runtime = CUDA
+    multi_stream = runtime is not None and any(seg.stream is not None for seg in segments)
     # Sources of host placement's copies to the device: pinned first (module docstring).
     to_pin = {n.args[0] for n in nodes if n.op == "call_function" and n.meta.get(META) == "h2d"} if on_cuda else set()
 
@@ -55,18 +66,19 @@ def build_executor(
     body.append("    args.clear()")
     for node in (n for n in placeholders if n in to_pin):
         body.append(f"    {names[node]} = {emitter.bind(pinned_copy, 'pinned_copy')}({names[node]})")
-    streams = _StreamCode(emitter, body, device) if multi_stream else None
+    streams = _StreamCode(emitter, body, device, runtime, priorities or {}) if multi_stream else None
     if streams is not None:
-        keep |= streams.cross_stream_values(steps)
+        keep |= streams.cross_stream_values(steps, placeholders)
         streams.fork([seg.stream for seg in steps])
     for step, seg in enumerate(steps):
         if streams is not None and seg.kind == "sync":
             streams.sync(seg.nodes[0], names)
             continue
-        call = f"{emitter.bind(seg.compiled, f'segment{seg.id}')}([{', '.join(names[n] for n in seg.inputs)}])"
+        compiled = seg.compiled if runtime is None else runtime.wrap_segment(seg, seg.compiled)
+        call = f"{emitter.bind(compiled, f'segment{seg.id}')}([{', '.join(names[n] for n in seg.inputs)}])"
         line = f"{', '.join(names[n] for n in seg.outputs)}, = {call}" if seg.outputs else call
         if streams is not None:
-            streams.run_on(seg, line)
+            streams.run_on(seg, line, names)
         else:
             body.append(f"    {line}")
         for node in (n for n in seg.outputs if n in to_pin):
@@ -83,31 +95,42 @@ def build_executor(
 
 
 class _StreamCode:
-    """Emits the multi-stream parts of the executor (CUDA only).
+    """Emits the multi-stream parts of the executor (CUDA, or the simulator on the CPU).
 
     Side streams fork from the caller's current stream at graph entry and the caller's stream joins them
     before the graph returns, so a graph is legal inside CUDA graph capture and replays with the same
-    overlap. A segment waits for the streams that produced its inputs; values that cross streams (and
-    tensors given to record_tagged_stream) are kept alive until the join, so the caching allocator never
-    hands their memory to other work while another stream may still read it.
+    overlap. Before a segment runs, its stream waits for every other stream that produced one of its inputs
+    (read after write) and, for each input the segment writes in place, for every other stream that read it
+    (write after read: a functionalized graph's ``copy_`` into an input runs after the side streams that
+    read the old value). Values that cross streams (graph inputs read on a side stream, and tensors given
+    to record_tagged_stream, included) are kept alive until the join, so the caching allocator never hands
+    their memory to other work while another stream may still read it; a side stream's value read on
+    another stream is also ``record_stream``-ed for the reader, as its block is freed after the join into
+    the side stream's pool. (runtime/simulated.py checks all of this on the CPU.)
     """
 
-    def __init__(self, emitter: Emitter, body: list[str], device: torch.device) -> None:
-        self.emitter, self.body, self.device = emitter, body, device
+    def __init__(
+        self, emitter: Emitter, body: list[str], device: torch.device | None, runtime: Any, priorities: dict[str, int]
+    ) -> None:
+        self.emitter, self.body, self.device, self.runtime = emitter, body, device, runtime
+        self.priorities = priorities
         self.producer: dict[torch.fx.Node, str | None] = {}
-        self.synced: dict[tuple[str | None, str | None], int] = {}
         self.produced_at: dict[torch.fx.Node, int] = {}
+        self.readers: dict[torch.fx.Node, dict[str | None, int]] = {}  # value -> stream -> last read position
+        self.synced: dict[tuple[str | None, str | None], int] = {}  # (waiter, waited) -> position of the wait
         self.position = 0
         self.events: dict[str, str] = {}
-        self.body.append(f"    cur = {emitter.bind(torch.cuda.current_stream, 'current_stream')}({device.index or 0})")
+        current = emitter.bind(runtime.current_stream, "current_stream")
+        self.body.append(f"    cur = {current}({emitter.bind(device, 'device')})")
 
     def stream(self, tag: str | None) -> str:
         if tag is None:
             return "cur"
-        return self.emitter.bind(ops.stream_for(tag, self.device), f"stream_{tag}")
+        side = self.runtime.side_stream(tag, self.device, self.priorities.get(tag, 0))
+        return self.emitter.bind(side, f"stream_{tag}")
 
-    def cross_stream_values(self, steps: list[Segment]) -> set[torch.fx.Node]:
-        stream_of: dict[torch.fx.Node, str | None] = {}
+    def cross_stream_values(self, steps: list[Segment], placeholders: list[torch.fx.Node]) -> set[torch.fx.Node]:
+        stream_of: dict[torch.fx.Node, str | None] = dict.fromkeys(placeholders)  # inputs: the caller's stream
         crossing: set[torch.fx.Node] = set()
         for seg in steps:
             for node in seg.inputs:
@@ -128,27 +151,40 @@ class _StreamCode:
         for tag in self.side:
             self.body.append(f"    cur.wait_stream({self.stream(tag)})")
 
-    def _wait_for_inputs(self, seg: Segment) -> None:
-        for node in seg.inputs:
-            if node not in self.producer:
-                continue
-            source = self.producer[node]
-            if source == seg.stream:
-                continue
-            pair = (seg.stream, source)
-            if self.synced.get(pair, -1) < self.produced_at[node]:
-                self.body.append(f"    {self.stream(seg.stream)}.wait_stream({self.stream(source)})")
-                self.synced[pair] = self.position
+    def _wait(self, waiter: str | None, waited: str | None, since: int) -> None:
+        """``waiter`` waits for ``waited``'s work up to position ``since``, unless it already has."""
+        if waiter == waited or self.synced.get((waiter, waited), -1) >= since:
+            return
+        self.body.append(f"    {self.stream(waiter)}.wait_stream({self.stream(waited)})")
+        self.synced[(waiter, waited)] = self.position
 
-    def run_on(self, seg: Segment, line: str) -> None:
+    def _wait_for_inputs(self, seg: Segment) -> None:
+        written = written_inputs(seg)
+        for node in seg.inputs:
+            if node in self.producer:
+                self._wait(seg.stream, self.producer[node], self.produced_at[node])
+            if node in written:
+                for reader, at in self.readers.get(node, {}).items():
+                    self._wait(seg.stream, reader, at)
+
+    def run_on(self, seg: Segment, line: str, names: dict[torch.fx.Node, str]) -> None:
         self.position += 1
         self._wait_for_inputs(seg)
         if seg.stream is None:
             self.body.append(f"    {line}")
         else:
-            ctx = self.emitter.bind(torch.cuda.stream, "cuda_stream")
+            ctx = self.emitter.bind(self.runtime.use, "use_stream")
             self.body.append(f"    with {ctx}({self.stream(seg.stream)}):")
             self.body.append(f"        {line}")
+        # A side stream's value read on another stream: its block goes back to the side stream's pool when
+        # freed (after the join), and that stream's next work is not ordered after this read (the caller may
+        # call next time from another stream): the allocator must wait for the reader.
+        record = self.emitter.bind(self.runtime.record_stream, "record_stream")
+        for node in seg.inputs:
+            if self.producer.get(node, seg.stream) not in (None, seg.stream):
+                self.body.append(f"    {record}({names[node]}, {self.stream(seg.stream)})")
+        for node in seg.inputs:
+            self.readers.setdefault(node, {})[seg.stream] = self.position
         for node in seg.outputs:
             self.producer[node] = seg.stream
             self.produced_at[node] = self.position
@@ -159,12 +195,31 @@ class _StreamCode:
         if node.target is ops.EVENT_RECORD:
             tag = node.args[0]
             if tag not in self.events:
-                self.events[tag] = self.emitter.bind(torch.cuda.Event(), f"event_{tag}")
+                self.events[tag] = self.emitter.bind(self.runtime.new_event(), f"event_{tag}")
             event = self.events[tag]
             self.body.append(f"    {event}.record({stream})")
         elif node.target is ops.EVENT_WAIT:
             self.body.append(f"    {stream}.wait_event({self.events[node.args[0]]})")
         # RECORD_STREAM: the tensor is kept alive until the join (cross_stream_values); nothing to emit.
+
+
+def written_inputs(seg: Segment) -> set[torch.fx.Node]:
+    """The segment's inputs that one of its ops writes in place (a schema argument marked ``Tensor(a!)``)."""
+    inputs, written = set(seg.inputs), set()
+    for node in seg.nodes:
+        schema = getattr(node.target, "_schema", None)
+        if node.op != "call_function" or schema is None:
+            continue
+        for index, argument in enumerate(schema.arguments):
+            if argument.alias_info is None or not argument.alias_info.is_write:
+                continue
+            value = (
+                node.kwargs.get(argument.name) if argument.kwarg_only or index >= len(node.args) else node.args[index]
+            )
+            for item in value if isinstance(value, (list, tuple)) else (value,):
+                if isinstance(item, torch.fx.Node) and item in inputs:
+                    written.add(item)
+    return written
 
 
 def pinned(t: torch.Tensor) -> torch.Tensor:

@@ -149,7 +149,10 @@ class HostSplit:
 
     _boxed_call = True
 
-    def __init__(self, gm: torch.fx.GraphModule, requested: str, *, kind: str) -> None:
+    def __init__(
+        self, gm: torch.fx.GraphModule, requested: str, *, kind: str, priorities: dict[str, int] | None = None
+    ) -> None:
+        self.last_run: tuple[list, list] | None = None
         plan = plan_host_work(gm)
         if plan.problem is not None:
             raise ValueError(f"host work cannot be split off the CUDA graph: {plan.problem}")
@@ -188,7 +191,7 @@ class HostSplit:
         device_gm, device_outputs = _device_part(gm, plan, placeholders, outputs)
         segments = partition(device_gm)
         lower_segments(segments, requested, kind=kind)
-        self.device_fn = build_executor(device_gm, segments, self.device)
+        self.device_fn = build_executor(device_gm, segments, self.device, priorities=priorities)
         self.device_gm = device_gm
         # Graph output i: ("device", index in the device part's outputs) or ("host", slot) or ("const", value).
         self.recipe: list[tuple[str, Any]] = []
@@ -238,13 +241,16 @@ class HostSplit:
         args.clear()
         statics = self.run_static(inputs)
         values = [*inputs, *statics, *self.run_per_call(inputs, statics)]
+        self.last_run = (statics, values)  # GraphCapture records from these: the host work runs once a call
         outputs = self.device_fn([*inputs, *self.boundary(values)])
         return self.assemble(list(outputs), values, clone_static=False)
 
 
-def build_host_split(gm: torch.fx.GraphModule, requested: str, *, kind: str) -> HostSplit:
+def build_host_split(
+    gm: torch.fx.GraphModule, requested: str, *, kind: str, priorities: dict[str, int] | None = None
+) -> HostSplit:
     """Lower ``gm`` as a :class:`HostSplit` (reduce-overhead on CUDA with capturable host work)."""
-    return HostSplit(gm, requested, kind=kind)
+    return HostSplit(gm, requested, kind=kind, priorities=priorities)
 
 
 def _lower_host(

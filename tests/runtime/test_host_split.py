@@ -6,19 +6,19 @@ host work runs when, which buffers a replay refills, and how outputs are put tog
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
+import airgraph.runtime.capture as capture_module
 import airgraph.runtime.executor as executor
 from airgraph.explainer import fake_cuda_guard
 from airgraph.passes import run_pipeline
 from airgraph.report import GraphReport
-from airgraph.runtime.capture import CaptureState, GraphCapture, find_uncapturable
+from airgraph.runtime.capture import CaptureState, GraphCapture, MemoryPool, find_uncapturable
 from airgraph.runtime.host import build_host_split, plan_host_work
+from airgraph.runtime.simulated import SimulatedCuda
 from tests.passes.test_host_placement import context
 
 
@@ -68,11 +68,6 @@ def test_host_split_wires_host_values_around_the_device_part(traced):
         assert got[1].device.type == "cpu" and got[1].shape == (4,)
 
 
-class _Stream:
-    def wait_stream(self, other: object) -> None:
-        pass
-
-
 class _Graph:
     replays = 0
 
@@ -80,22 +75,16 @@ class _Graph:
         _Graph.replays += 1
 
 
-class _Pool:
-    def handle(self, device: torch.device) -> None:
-        return None
+class _Recorder(SimulatedCuda):
+    """The simulator, except that a recording runs nothing and a replay only counts (the device part is fake)."""
 
-    def stream(self, device: torch.device) -> _Stream:
-        return _Stream()
+    def capture(self, fn, args, *, pool, stream, device):
+        return _Graph(), fn(list(args))
 
 
-def test_capture_runs_static_work_once_per_key_and_per_call_work_every_replay(traced, monkeypatch):
-    """GraphCapture's record/replay on a stand-in CUDA runtime (no kernels run; the device part is fake)."""
+def test_capture_runs_host_work_once_per_call_and_static_work_once_per_key(traced, monkeypatch):
     gm, mode, inputs = traced
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: _Stream())
-    monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
-    monkeypatch.setattr(torch.cuda, "graph", lambda *args, **kwargs: contextlib.nullcontext())
-    monkeypatch.setattr(torch.cuda, "CUDAGraph", _Graph)
-    monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, stream: None)
+    monkeypatch.setattr(capture_module, "_storage", id)  # fake tensors have no storage addresses
     monkeypatch.setattr(torch.Tensor, "data_ptr", lambda self: id(self))
     with fake_cuda_guard():
         split = build_host_split(gm, "aten", kind="inference")
@@ -114,7 +103,7 @@ def test_capture_runs_static_work_once_per_key_and_per_call_work_every_replay(tr
             device=torch.device("cuda"),
             static_indices=[],
             mutated_indices=[],
-            pool=_Pool(),
+            pool=MemoryPool(_Recorder()),
             capture_limit=4,
             warmup_iters=1,
             report=report,
@@ -126,8 +115,9 @@ def test_capture_runs_static_work_once_per_key_and_per_call_work_every_replay(tr
     (entry,) = capture._keys.values()
     assert entry.state is CaptureState.CAPTURED and report.captured and report.capture_keys == 1
     assert _Graph.replays == 3
-    # warm-up runs everything once; recording runs static and per-call work once more; each replay per-call only
-    assert calls == {"static": 2, "per_call": 5}
+    # the warm-up call runs everything once and is recorded from (its host values reused: random or mutating
+    # per-call work must run once a call); each replay runs the per-call work only
+    assert calls == {"static": 1, "per_call": 4}
     assert [t.static for _, t in entry.refill] == [False]  # only the per-call transfer is refilled
     assert entry.copy_indices == (0,)  # the CUDA input gets a static buffer, the CPU input does not
     for out in outputs:

@@ -1,0 +1,283 @@
+"""CUDA streams, events and graphs simulated on the CPU, with a happens-before race checker.
+
+:class:`SimulatedCuda` is a device runtime (runtime/device.py) for CPU tensors. Given to
+``AirgraphBackend(runtime=...)``, it makes a CPU graph run the CUDA paths: stream scopes split segments,
+the executor forks, waits and joins as it would on a GPU, and reduce-overhead captures and replays graphs.
+Work runs at once, in program order, on the CPU: results are the eager results whenever the CUDA logic is
+right, and the checker finds where it is not:
+
+- **ordering**: each stream keeps a vector clock; ``wait_stream`` / ``wait_event`` merge clocks as CUDA's
+  waits order work. Each segment call is an access on the current stream: it reads its input tensors and
+  writes its outputs and the inputs it mutates. Two accesses to one storage from different streams, at
+  least one a write, must be ordered by the clocks, or it is a race (a read of memory another stream
+  may not have written yet, or a write over memory another stream may still read);
+- **lifetimes**: a storage written on one stream and read on another must not be freed, inside a call
+  (see :meth:`SimulatedCuda.call`), before the producing stream is ordered after every read: the CUDA caching
+  allocator gives a freed block to the next allocation on the stream that allocated it at once;
+- **joins**: after a call, the caller's stream must be ordered after all work of every other stream
+  (:meth:`SimulatedCuda.call` checks).
+
+Graphs: ``capture`` runs the function once on the static buffers (as recording would allocate them) and
+puts back every tensor argument it mutated (a recording executes nothing); ``replay`` runs it again on the
+same buffers and writes its results into the recorded outputs, so kept outputs, buffers and pool memory
+behave as a replayed CUDA graph's do. Static input buffers start zeroed (CUDA's are uninitialized; zeros
+keep an index in range when the recording computes with them).
+
+Problems are collected in :attr:`SimulatedCuda.problems`; ``check()`` raises :class:`StreamRaceError` with
+all of them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import threading
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from airgraph.runtime.capture import _expanded_dims, _one_per_expanded
+from airgraph.runtime.executor import written_inputs
+
+__all__ = ["SimEvent", "SimGraph", "SimStream", "SimulatedCuda", "StreamRaceError"]
+
+
+class StreamRaceError(AssertionError):
+    """The simulated run found unordered accesses, early frees or unjoined streams."""
+
+
+class SimStream:
+    """A stream: a name and a vector clock (stream id -> the last of its operations this stream is after)."""
+
+    _ids = itertools.count()
+
+    def __init__(self, name: str) -> None:
+        self.id, self.name = next(self._ids), name
+        self.clock: dict[int, int] = {self.id: 0}
+
+    def __repr__(self) -> str:
+        return f"SimStream({self.name!r})"
+
+    def tick(self) -> tuple[int, int]:
+        self.clock[self.id] += 1
+        return self.id, self.clock[self.id]
+
+    def after(self, stamp: tuple[int, int]) -> bool:
+        """Whether the operation ``stamp`` (stream id, count) is ordered before this stream's next one."""
+        return self.clock.get(stamp[0], 0) >= stamp[1]
+
+    def _merge(self, clock: dict[int, int]) -> None:
+        for sid, count in clock.items():
+            if count > self.clock.get(sid, 0):
+                self.clock[sid] = count
+
+    def wait_stream(self, other: SimStream) -> None:
+        self._merge(other.clock)
+
+    def wait_event(self, event: SimEvent) -> None:
+        self._merge(event.clock)
+
+
+class SimEvent:
+    def __init__(self) -> None:
+        self.clock: dict[int, int] = {}
+
+    def record(self, stream: SimStream) -> None:
+        self.clock = dict(stream.clock)
+
+
+class SimGraph:
+    """A recorded function: ``replay`` runs it on the recorded arguments, into the recorded outputs."""
+
+    def __init__(self, fn: Callable[[list], Any], args: list, outputs: Any) -> None:
+        self.fn, self.args, self.outputs = fn, args, outputs
+        self.replays = 0
+
+    def replay(self) -> None:
+        self.replays += 1
+        fresh = self.fn(list(self.args))
+        for kept, new in zip(self.outputs, fresh):
+            if isinstance(kept, torch.Tensor) and kept is not new:
+                with torch.no_grad():
+                    kept.copy_(new)
+
+
+class _Accesses:
+    """One storage's history since it was allocated: the last write and the reads after it, per stream."""
+
+    __slots__ = ("producer", "reads", "recorded", "write")
+
+    def __init__(self, producer: SimStream | None) -> None:
+        self.producer = producer  # the stream that allocated it (None: not allocated by a segment)
+        self.recorded: set[int] = set()  # streams given to record_stream: the allocator waits for them
+        self.write: tuple[SimStream, tuple[int, int], str] | None = None
+        self.reads: dict[int, tuple[SimStream, tuple[int, int], str]] = {}
+
+
+class SimulatedCuda:
+    """The simulated device runtime; see the module docstring."""
+
+    name = "simulated-cuda"
+
+    def __init__(self) -> None:
+        self.problems: list[str] = []
+        self._default = SimStream("default")
+        self._local = threading.local()
+        self._side: dict[tuple[str, Any], SimStream] = {}
+        self._history: dict[int, _Accesses] = {}
+        self._live: dict[int, int] = {}  # storage -> live tensor objects the checker follows
+        self._in_call = self._recording = False
+        self.streams: list[SimStream] = [self._default]
+
+    # -- streams and events ------------------------------------------------------------------------------
+    def current_stream(self, device: Any = None) -> SimStream:
+        return getattr(self._local, "stream", None) or self._default
+
+    def side_stream(self, tag: str, device: Any = None, priority: int = 0) -> SimStream:
+        if (tag, str(device)) not in self._side:
+            self._side[(tag, str(device))] = self.new_stream(device, name=f"{tag} (priority {priority})")
+        return self._side[(tag, str(device))]
+
+    def new_stream(self, device: Any = None, *, name: str = "stream") -> SimStream:
+        stream = SimStream(name)
+        self.streams.append(stream)
+        return stream
+
+    @contextlib.contextmanager
+    def use(self, stream: SimStream) -> Iterator[None]:
+        previous = getattr(self._local, "stream", None)
+        self._local.stream = stream
+        try:
+            yield
+        finally:
+            self._local.stream = previous
+
+    def new_event(self) -> SimEvent:
+        return SimEvent()
+
+    def record_stream(self, tensor: torch.Tensor, stream: SimStream) -> None:
+        """Like ``Tensor.record_stream``: the storage's free is ordered after ``stream``'s work so far."""
+        history = self._history.get(_storage(tensor))
+        if history is not None:
+            history.recorded.add(stream.id)
+
+    def synchronize(self, device: Any = None) -> None:
+        for stream in self.streams:
+            for other in self.streams:
+                stream.wait_stream(other)
+
+    # -- graphs ------------------------------------------------------------------------------------------
+    def pool_handle(self) -> object:
+        return object()
+
+    def static_buffer(self, t: torch.Tensor) -> torch.Tensor:
+        buffer = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+        _one_per_expanded(buffer, _expanded_dims(buffer)).zero_()
+        return buffer
+
+    def capture(self, fn: Callable[[list], Any], args: list, *, pool: Any, stream: SimStream, device: Any) -> tuple:
+        saved = [(a, a.clone()) for a in args if isinstance(a, torch.Tensor)]
+        self._recording = True  # a recording executes nothing: its accesses are not checked
+        try:
+            with self.use(stream):
+                outputs = fn(list(args))
+        finally:
+            self._recording = False
+        with torch.no_grad():
+            for tensor, before in saved:
+                dims = _expanded_dims(tensor)
+                _one_per_expanded(tensor, dims).copy_(_one_per_expanded(before, dims))
+        return SimGraph(fn, args, outputs), outputs
+
+    # -- the checker -------------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def call(self) -> Iterator[None]:
+        """Around one call of a compiled function: frees inside are checked, and at the end every stream's
+        work must be joined into the caller's stream."""
+        self._in_call = True
+        try:
+            yield
+        finally:
+            self._in_call = False
+        caller = self.current_stream()
+        for stream in self.streams:
+            if stream is not caller and not caller.after((stream.id, stream.clock[stream.id])):
+                self.problems.append(f"{stream} is not joined into {caller} when the call returns")
+
+    def check(self) -> None:
+        if self.problems:
+            raise StreamRaceError("\n".join(dict.fromkeys(self.problems)))
+
+    def wrap_segment(self, segment: Any, fn: Callable[[list], Any]) -> Callable[[list], Any]:
+
+        written = {i for i, node in enumerate(segment.inputs) if node in written_inputs(segment)}
+        label = (
+            f"segment {segment.id} ({', '.join(n.name for n in segment.nodes[:3])}{', ...' * (len(segment.nodes) > 3)})"
+        )
+
+        def run(args: list) -> Any:
+            if self._recording:
+                return fn(args)
+            stream = self.current_stream()
+            stamp = stream.tick()
+            inputs = list(args)
+            for i, value in enumerate(inputs):
+                if isinstance(value, torch.Tensor):
+                    self._access(value, stream, stamp, label, write=i in written)
+            outputs = fn(args)
+            storages_in = {_storage(v) for v in inputs if isinstance(v, torch.Tensor)}
+            for value in outputs if isinstance(outputs, (list, tuple)) else ():
+                if isinstance(value, torch.Tensor) and _storage(value) not in storages_in:
+                    self._allocated(value, stream, stamp, label)
+            return outputs
+
+        run._boxed_call = True  # type: ignore[attr-defined]
+        return run
+
+    def _allocated(self, tensor: torch.Tensor, stream: SimStream, stamp: tuple[int, int], label: str) -> None:
+        if not tensor.untyped_storage().nbytes():
+            return
+        key = _storage(tensor)
+        if key not in self._history or self._live.get(key, 0) == 0:
+            self._history[key] = _Accesses(stream)
+            self._history[key].write = (stream, stamp, label)
+        self._live[key] = self._live.get(key, 0) + 1
+        weakref.finalize(tensor, self._freed, key)
+
+    def _access(self, tensor: torch.Tensor, stream: SimStream, stamp: tuple[int, int], label: str, *, write: bool):
+        if not tensor.untyped_storage().nbytes():
+            return
+        history = self._history.setdefault(_storage(tensor), _Accesses(None))
+        what = "writes" if write else "reads"
+        earlier = [history.write] if history.write else []
+        if write:
+            earlier += list(history.reads.values())
+        for other, at, by in earlier:
+            if other is not stream and not stream.after(at):
+                self.problems.append(f"race: {label} on {stream} {what} memory that {by} on {other} uses, unordered")
+        if write:
+            history.write, history.reads = (stream, stamp, label), {}
+        else:
+            history.reads[stream.id] = (stream, stamp, label)
+
+    def _freed(self, key: int) -> None:
+        self._live[key] -= 1
+        if self._live[key] or not self._in_call:
+            return
+        history = self._history.get(key)
+        if history is None or history.producer is None:
+            return
+        for other, at, by in history.reads.values():
+            if other is history.producer or other.id in history.recorded:
+                continue
+            if not history.producer.after(at):
+                self.problems.append(
+                    f"early free: memory {history.producer} allocated is freed while {by} on {other} may still "
+                    "read it (keep it until the streams join, or record_tagged_stream)"
+                )
+
+
+def _storage(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()

@@ -1,0 +1,210 @@
+"""The CUDA paths (side streams, waits, joins, lifetimes, capture and replay) run on the CPU through the
+simulated runtime (airgraph/runtime/simulated.py), with its race checker, and compared with eager."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from airgraph import ops, scope
+from airgraph.runtime import executor
+from airgraph.runtime.simulated import SimulatedCuda, StreamRaceError
+from tests.helpers import assert_close, compile_with
+from tests.streams.models import SeedModel
+from tests.streams.test_streams_property import build, step
+
+MODES = ["max-autotune", "reduce-overhead"]
+
+
+def run_checked(fn, sim: SimulatedCuda, calls: list[tuple], **options):
+    """``fn`` compiled on the simulator, called on each argument tuple; the outputs, and the backend."""
+    compiled, backend = compile_with(fn, runtime=sim, **options)
+    outputs = []
+    for args in calls:
+        with sim.call():
+            outputs.append(compiled(*args))
+    sim.check()
+    return outputs, backend
+
+
+def seed_inputs(seed: int) -> tuple[torch.Tensor, ...]:
+    generator = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(64, 64, generator=generator) for _ in range(4))
+
+
+@pytest.mark.parametrize("kernel_backend", ["aten", "inductor"])
+@pytest.mark.parametrize("mode", MODES)
+def test_seed_model_runs_its_streams_race_free_and_equals_eager(kernel_backend, mode):
+    model, sim = SeedModel(), SimulatedCuda()
+    calls = [seed_inputs(i) for i in range(5)]
+    got, backend = run_checked(model, sim, calls, mode=mode, kernel_backend=kernel_backend, fullgraph=True)
+    for outputs, args in zip(got, calls):
+        for actual, expected in zip(outputs, model(*args)):
+            assert_close(actual, expected)
+    (report,) = backend.reports
+    assert {s.stream for s in report.segments} == {None, "1", "2"}  # streams split the CPU graph here
+    assert {"1 (priority 0)", "2 (priority 0)"} <= {s.name for s in sim.streams}
+    assert report.captured is (mode == "reduce-overhead")
+
+
+def test_kept_outputs_stay_correct_across_replays():
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        with scope.stream_switch("side"):
+            y = torch.sin(x) * 2
+        return y + 1
+
+    sim = SimulatedCuda()
+    calls = [(torch.full((8,), float(i)),) for i in range(6)]
+    got, backend = run_checked(fn, sim, calls, mode="reduce-overhead", kernel_backend="aten")
+    assert backend.reports[0].captured
+    for out, (x,) in zip(got, calls):  # every kept output still holds its own step's values
+        assert_close(out, fn(x))
+
+
+def test_a_write_after_a_side_stream_read_waits_for_it():
+    """A buffer read on a side stream, then updated in place: the functionalized graph's copy_ into the
+    buffer must wait for the side stream (write after read)."""
+
+    def fn(buf: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        with scope.stream_switch("reader"):
+            total = buf.sum()
+        buf.add_(1)
+        return total, x * 2
+
+    for mode in MODES:
+        sim, buf, expected_buf = SimulatedCuda(), torch.zeros(16), torch.zeros(16)
+        calls = [(buf, torch.full((4,), float(i))) for i in range(4)]
+        got, _ = run_checked(fn, sim, calls, mode=mode, kernel_backend="aten")
+        for (total, doubled), (_, x) in zip(got, calls):
+            want_total, want_doubled = fn(expected_buf, x)
+            assert_close(total, want_total)
+            assert_close(doubled, want_doubled)
+        assert_close(buf, expected_buf)
+
+
+def crossing(x: torch.Tensor) -> torch.Tensor:
+    h = x * 3  # produced on the caller's stream, read on "side", dead after that read
+    with scope.stream_switch("side"):
+        y = h.sin()
+    return y + x
+
+
+def test_the_checker_finds_a_missing_wait(monkeypatch):
+    monkeypatch.setattr(executor._StreamCode, "_wait", lambda self, waiter, waited, since: None)
+    sim = SimulatedCuda()
+    compiled, _ = compile_with(crossing, runtime=sim, kernel_backend="aten")
+    with sim.call():
+        compiled(torch.randn(32))
+    with pytest.raises(StreamRaceError, match=r"race: segment .* reads memory that segment"):
+        sim.check()
+
+
+def test_the_checker_finds_an_unjoined_stream(monkeypatch):
+    monkeypatch.setattr(executor._StreamCode, "join", lambda self: None)
+    sim = SimulatedCuda()
+    compiled, _ = compile_with(SeedModel(), runtime=sim, kernel_backend="aten", fullgraph=True)
+    with sim.call():
+        compiled(*seed_inputs(0))
+    with pytest.raises(StreamRaceError, match="is not joined into"):
+        sim.check()
+
+
+def test_the_checker_finds_an_early_free(monkeypatch):
+    monkeypatch.setattr(executor._StreamCode, "cross_stream_values", lambda self, steps, placeholders: set())
+    sim = SimulatedCuda()
+    compiled, _ = compile_with(crossing, runtime=sim, kernel_backend="aten")
+    with sim.call():
+        compiled(torch.randn(32))
+    with pytest.raises(StreamRaceError, match="early free"):
+        sim.check()
+
+
+def test_stream_priority_reaches_the_side_stream():
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        with scope.stream_switch("urgent", stream_priority=-2):
+            y = x.cos()
+        return y * x
+
+    sim = SimulatedCuda()
+    run_checked(fn, sim, [(torch.randn(8),)], kernel_backend="aten")
+    assert "urgent (priority -2)" in {s.name for s in sim.streams}
+
+
+def test_an_output_viewing_an_input_keeps_its_offset_under_dynamic_shapes():
+    def fn(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x[x.shape[0] // 2 :], x * 2
+
+    sim = SimulatedCuda()
+    calls = [(torch.arange(n, dtype=torch.float32),) for n in (6, 6, 6, 8, 8, 8)]
+    got, backend = run_checked(fn, sim, calls, mode="reduce-overhead", kernel_backend="aten", dynamic=True)
+    assert backend.reports[0].capture_keys >= 1
+    for outputs, (x,) in zip(got, calls):
+        view, doubled = outputs
+        assert_close(view, x[x.shape[0] // 2 :])
+        assert view.data_ptr() == x[x.shape[0] // 2 :].data_ptr()  # a view of the caller's tensor
+        assert_close(doubled, x * 2)
+
+
+def test_outputs_sharing_storage_keep_offsets_and_sharing():
+    def fn(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = x * 2
+        return y, y[1:]
+
+    sim = SimulatedCuda()
+    calls = [(torch.arange(5, dtype=torch.float32) + i,) for i in range(5)]
+    got, _ = run_checked(fn, sim, calls, mode="reduce-overhead", kernel_backend="aten", dynamic=True)
+    for (y, tail), (x,) in zip(got, calls):
+        assert_close(y, x * 2)
+        assert_close(tail, (x * 2)[1:])
+
+
+def test_an_expanded_input_is_copied_into_its_buffer():
+    def fn(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return x.masked_fill(mask, -1.0) * 2
+
+    sim = SimulatedCuda()
+    calls = [(torch.randn(4, 8), (torch.arange(8) % (i + 2) == 0).expand(4, 8)) for i in range(5)]
+    assert calls[0][1].stride() == (0, 1)
+    got, backend = run_checked(fn, sim, calls, mode="reduce-overhead", kernel_backend="aten")
+    assert backend.reports[0].captured
+    for out, args in zip(got, calls):
+        assert_close(out, fn(*args))
+
+
+def test_device_index_reads_every_spelling():
+    assert ops.device_index(torch.device("cuda", 1)) == 1
+    assert ops.device_index("cuda:3") == 3
+    assert ops.device_index(2) == 2
+    assert ops.device_index(torch.device("cuda")) is None
+    assert ops.device_index(None) is None
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.lists(step, min_size=1, max_size=8), st.sampled_from(MODES))
+def test_random_stream_dags_are_race_free_and_equal_eager(steps, mode):
+    torch._dynamo.reset()
+    program, sim = build(steps), SimulatedCuda()
+    calls = [(torch.randn(4, 4) * 0.5, torch.randn(4, 4) * 0.5) for _ in range(3)]
+    got, _ = run_checked(program, sim, calls, mode=mode, kernel_backend="aten", fullgraph=True)
+    for outputs, args in zip(got, calls):
+        for actual, expected in zip(outputs, program(*args)):
+            assert_close(actual, expected)
+
+
+def test_the_checker_finds_a_write_after_read_race(monkeypatch):
+    monkeypatch.setattr(executor, "written_inputs", lambda seg: set())  # the executor forgets in-place writes
+
+    def fn(buf: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        with scope.stream_switch("reader"):
+            total = buf.sum()
+        buf.add_(1)
+        return total, x * 2  # nothing on the caller's stream reads total: only the write orders the two
+
+    sim = SimulatedCuda()
+    compiled, _ = compile_with(fn, runtime=sim, kernel_backend="aten")
+    with sim.call():
+        compiled(torch.zeros(16), torch.ones(1))
+    with pytest.raises(StreamRaceError, match=r"race: segment .* writes memory that segment"):
+        sim.check()
