@@ -127,7 +127,7 @@ class AirgraphBackend:
             run = build_host_split(gm, requested, kind=kind, priorities=report.stream_priorities)
             _report_output_strides(gm)
         else:
-            lower_segments(segments, requested, kind=kind)
+            lower_segments(segments, requested, kind=kind, placeholders=gm.graph.find_nodes(op="placeholder"))
             run = build_executor(gm, segments, device, runtime=runtime, priorities=report.stream_priorities)
             if not (len(segments) == 1 and run is segments[0].compiled):
                 _report_output_strides(gm)

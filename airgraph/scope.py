@@ -5,6 +5,13 @@ Inside a compiled graph the scope becomes a pair of marker ops (airgraph/ops.py)
 into per-node stream assignments. In eager code on CUDA it switches ``torch.cuda.stream`` for real (the
 side stream first waits for the current one, so the scope sees everything issued before it); on the CPU it
 does nothing.
+
+Ordering differs between the two, on purpose. Compiled, the executor orders streams by data: a value read
+on another stream than the one that made it is waited for, and the caller's stream joins every side stream
+before the graph returns, so results never depend on timing. Eager code gets exactly what it wrote, as with
+``torch.cuda.stream``: after a scope, the caller's stream does not wait for the side stream; use tagged
+events (``tagged_event_record`` / ``tagged_event_wait``), as the seed example does, or
+``torch.cuda.current_stream().wait_stream(...)`` before reading a side stream's results.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Segments and the kernel backends that lower them.
 
-A kernel backend is a function ``(gm, example_inputs, *, kind) -> boxed callable``; the registry below is
+A kernel backend is a function ``(gm, example_inputs, *, kind, whole_graph) -> boxed callable``
+(``whole_graph``: the segment is the entire ATen graph, inputs in the graph's order); the registry below is
 filled by the ``kernel_backend`` decorator in this module only, so the list of backends is readable here.
 """
 
@@ -28,21 +29,27 @@ def kernel_backend(name: str) -> Callable[[KernelBackend], KernelBackend]:
 
 
 @kernel_backend("inductor")
-def _inductor(gm: torch.fx.GraphModule, example_inputs: list[Any], *, kind: str) -> Callable[[list], Any]:
+def _inductor(
+    gm: torch.fx.GraphModule, example_inputs: list[Any], *, kind: str, whole_graph: bool = False
+) -> Callable[[list], Any]:
     from airgraph.lowering.inductor import compile_inductor
 
-    return compile_inductor(gm, example_inputs, kind=kind)
+    return compile_inductor(gm, example_inputs, kind=kind, whole_graph=whole_graph)
 
 
 @kernel_backend("aten")
-def _aten(gm: torch.fx.GraphModule, example_inputs: list[Any], *, kind: str) -> Callable[[list], Any]:
+def _aten(
+    gm: torch.fx.GraphModule, example_inputs: list[Any], *, kind: str, whole_graph: bool = False
+) -> Callable[[list], Any]:
     from airgraph.lowering.aten import compile_aten
 
     return compile_aten(gm)
 
 
 @kernel_backend("interpreter")
-def _interpreter(gm: torch.fx.GraphModule, example_inputs: list[Any], *, kind: str) -> Callable[[list], Any]:
+def _interpreter(
+    gm: torch.fx.GraphModule, example_inputs: list[Any], *, kind: str, whole_graph: bool = False
+) -> Callable[[list], Any]:
     """debug.run_eagerly: torch.fx.Interpreter, one node at a time, for bisecting."""
     interpreter = torch.fx.Interpreter(gm)
 
@@ -60,7 +67,10 @@ def backend_for(segment: Segment, requested: str) -> str:
     return "aten" if segment.placement == HOST else requested
 
 
-def lower_segments(segments: list[Segment], requested: str, *, kind: str) -> None:
+def lower_segments(
+    segments: list[Segment], requested: str, *, kind: str, placeholders: list[torch.fx.Node] | None = None
+) -> None:
+    """Lower every compute segment; ``placeholders`` (the graph's) tell which segment is the whole graph."""
     if requested not in KERNEL_BACKENDS:
         raise ValueError(f"unknown kernel backend {requested!r}; known: {', '.join(KERNEL_BACKENDS)}")
     for seg in segments:
@@ -68,4 +78,5 @@ def lower_segments(segments: list[Segment], requested: str, *, kind: str) -> Non
             seg.backend = seg.kind
             continue
         seg.backend = backend_for(seg, requested)
-        seg.compiled = KERNEL_BACKENDS[seg.backend](seg.gm, seg.example_inputs(), kind=kind)
+        whole = placeholders is not None and seg.inputs == placeholders
+        seg.compiled = KERNEL_BACKENDS[seg.backend](seg.gm, seg.example_inputs(), kind=kind, whole_graph=whole)

@@ -8,15 +8,17 @@ airgraph's job (runtime/capture.py), over all segments at once.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
 
 def compile_inductor(
-    gm: torch.fx.GraphModule, example_inputs: list[Any], *, kind: str = "inference"
+    gm: torch.fx.GraphModule, example_inputs: list[Any], *, kind: str = "inference", whole_graph: bool = False
 ) -> Callable[[list], Any]:
+    """Compile one segment. ``whole_graph``: the segment is the entire ATen graph with its inputs in order."""
     from torch._inductor import config as inductor_config
     from torch._inductor.compile_fx import compile_fx_inner
 
@@ -25,7 +27,7 @@ def compile_inductor(
         # Inductor reports its graph's output strides here and expects the list empty; with several segments
         # the backend rewrites it for the whole graph afterwards (backend._report_output_strides).
         tracing.output_strides.clear()
-    with inductor_config.patch({"triton.cudagraphs": False}):
+    with inductor_config.patch({"triton.cudagraphs": False}), _no_donation_unless(whole_graph or kind != "backward"):
         compiled = compile_fx_inner(
             gm,
             example_inputs,
@@ -35,3 +37,21 @@ def compile_inductor(
         )
     compiled._boxed_call = True  # Inductor's compiled graphs take the boxed (list) calling convention
     return compiled
+
+
+@contextlib.contextmanager
+def _no_donation_unless(keep: bool) -> Iterator[None]:
+    """Inductor lets a backward graph overwrite the inputs AOTAutograd lists as donated (``bw_donated_idxs``,
+    positions among the *whole* backward graph's inputs). A segment's inputs are another list, and a later
+    segment may still read a donated value, so donation is off for segments that are not the whole graph."""
+    tracing = torch._guards.TracingContext.try_get()
+    metadata = getattr(tracing, "fw_metadata", None)
+    if keep or metadata is None or not getattr(metadata, "bw_donated_idxs", None):
+        yield
+        return
+    donated = metadata.bw_donated_idxs
+    metadata.bw_donated_idxs = []
+    try:
+        yield
+    finally:
+        metadata.bw_donated_idxs = donated

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from airgraph.lowering import KERNEL_BACKENDS, backend_for, lower_segments, partition
 from airgraph.lowering.partition import HOST, Segment
@@ -74,6 +75,11 @@ def plan_host_work(gm: torch.fx.GraphModule) -> HostPlan:
             if kind[inp] == DEVICE or plan.problem is not None:
                 continue
             if _is_transfer(node, inp):
+                if free_unbacked_symbols(node.meta.get("val")):
+                    plan.problem = (
+                        f"{node.name} = {node.target} copies {inp.name} to the device with a data-dependent shape "
+                        "(it depends on input data): a CUDA graph's buffer has one shape"
+                    )
                 plan.transfers.append(node)
             elif inp.op == "placeholder" and kind[inp] == STATIC:
                 continue  # a SymInt input of the graph: the device part gets it too
@@ -90,8 +96,8 @@ def plan_host_work(gm: torch.fx.GraphModule) -> HostPlan:
 
 def _host_kind(node: torch.fx.Node, kind: dict[torch.fx.Node, str], plan: HostPlan) -> str:
     inputs = node.all_input_nodes
-    if node.target in METADATA_OPS:
-        return STATIC  # reads sizes or strides: part of the shape key
+    if node.target in METADATA_OPS and not free_unbacked_symbols(node.meta.get("val")):
+        return STATIC  # reads sizes or strides that the shape key fixes (not data-dependent ones)
     device = [inp for inp in inputs if kind[inp] == DEVICE]
     if device and plan.problem is None:
         plan.problem = f"host op {node.name} = {node.target} reads {device[0].name}, a value computed on the device"
@@ -135,6 +141,11 @@ class Transfer:
 
     def refill(self, buffer: torch.Tensor, value: torch.Tensor) -> None:
         """Copy this call's ``value`` into the static ``buffer`` the CUDA graph reads, on the current stream."""
+        if buffer.shape != value.shape:  # plan_host_work refuses data-dependent shapes; never broadcast
+            raise RuntimeError(
+                f"airgraph: host value for {self.node.name} has shape {tuple(value.shape)} but the CUDA graph was "
+                f"recorded with {tuple(buffer.shape)}"
+            )
         buffer.copy_(self._source(value), non_blocking=self.non_blocking)
 
 

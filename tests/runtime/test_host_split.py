@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 import airgraph.runtime.capture as capture_module
 import airgraph.runtime.executor as executor
@@ -122,3 +123,21 @@ def test_capture_runs_host_work_once_per_call_and_static_work_once_per_key(trace
     assert entry.copy_indices == (0,)  # the CUDA input gets a static buffer, the CPU input does not
     for out in outputs:
         assert out[0].device.type == "cuda" and out[1].device.type == "cpu"
+
+
+def test_a_host_value_of_data_dependent_shape_keeps_the_graph_uncaptured():
+    """nonzero of a CPU input runs on the host; its device copy has a size only the data decides, which one
+    recorded CUDA graph buffer cannot hold: refused, naming the copy."""
+
+    def fn(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        idx = torch.nonzero(lengths > 0).flatten()
+        return x.index_select(0, idx.to(x.device)) * 2
+
+    with fake_cuda_guard():
+        mode = FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv())
+        with mode:
+            gm = make_fx(fn)(torch.empty(4, 3, device="cuda"), torch.zeros(4, dtype=torch.long))
+        run_pipeline(gm, context())
+    assert gm.graph.find_nodes(op="call_function", target=torch.ops.aten.nonzero.default)[0].meta["placement"] == "host"
+    reason = find_uncapturable(gm)
+    assert reason is not None and "copies view to the device with a data-dependent shape" in reason
