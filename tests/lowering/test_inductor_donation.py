@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-import torch
 from torch._guards import TracingContext, tracing
 from torch._inductor.utils import get_donated_idxs
 
@@ -23,4 +22,3 @@ def test_a_backward_segment_sees_no_donated_inputs_and_the_whole_graph_keeps_the
         with _no_donation_unless(True):  # the whole graph, inputs in order
             assert get_donated_idxs() == [0, 2]
     assert metadata.bw_donated_idxs == [0, 2]
-
