@@ -127,7 +127,6 @@ class MemoryPool:
 class GraphCapture:
     """Wraps a boxed executor; records and replays it per input-shape key."""
 
-    _boxed_call = True  # AOTAutograd passes the inputs as one list
 
     def __init__(
         self,
@@ -142,6 +141,9 @@ class GraphCapture:
         report: GraphReport,
         uncapturable: str | None = None,
     ) -> None:
+        # AOTAutograd passes the inputs as one list. An instance attribute: AOTAutograd wraps the backward's
+        # callable (torch._dynamo.disable, functools.wraps), which copies the instance's __dict__ only.
+        self._boxed_call = True
         self._run = run
         self._split = run if isinstance(run, HostSplit) else None
         self.device = device

@@ -158,11 +158,10 @@ class HostSplit:
     that are not captured); ``GraphCapture`` uses the pieces to run the host work around a replay.
     """
 
-    _boxed_call = True
-
     def __init__(
         self, gm: torch.fx.GraphModule, requested: str, *, kind: str, priorities: dict[str, int] | None = None
     ) -> None:
+        self._boxed_call = True  # an instance attribute, as GraphCapture's (see there)
         self.last_run: tuple[list, list] | None = None
         plan = plan_host_work(gm)
         if plan.problem is not None:

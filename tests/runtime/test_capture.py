@@ -1,8 +1,10 @@
-"""reduce-overhead: CUDA graph capture and replay. The `cuda` tests run on the GPU machine only."""
+"""reduce-overhead: CUDA graph capture and replay. Each capture test runs twice: on the GPU (`cuda`: the GPU
+machine only) and on the CPU with CUDA's streams and graphs simulated (runtime/simulated.py), race-checked."""
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -13,6 +15,7 @@ from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 from airgraph.models import build_tiny_llama, decode_inputs, prefill_inputs
 from airgraph.runtime.capture import find_uncapturable
+from airgraph.runtime.simulated import SimulatedCuda
 from tests.helpers import assert_close, compile_with
 
 # -- CPU: deciding what can be captured ----------------------------------------------------------------------
@@ -45,7 +48,41 @@ def test_find_uncapturable_names_data_dependent_shapes():
     assert reason is not None and "aten.nonzero.default" in reason and "data-dependent" in reason
 
 
-# -- CUDA ------------------------------------------------------------------------------------------------------
+# -- CUDA, and the same logic on the CPU through the simulated runtime ---------------------------------------
+
+
+@dataclass
+class Target:
+    """Where a capture test runs: a real GPU, or CPU tensors with CUDA streams and graphs simulated."""
+
+    device: str
+    runtime: SimulatedCuda | None
+
+    def compile(self, fn, **options):
+        """``fn`` compiled for this target (each call checked, when simulated), and its backend."""
+        compiled, backend = compile_with(fn, runtime=self.runtime, **options)
+        if self.runtime is None:
+            return compiled, backend
+
+        def checked(*args, **kwargs):
+            with self.runtime.call():
+                return compiled(*args, **kwargs)
+
+        return checked, backend
+
+    def check(self) -> None:
+        if self.runtime is not None:
+            self.runtime.check()
+
+
+@pytest.fixture(params=["simulated", pytest.param("cuda", marks=pytest.mark.cuda)])
+def target(request):
+    if request.param == "cuda":
+        yield Target("cuda", None)
+        return
+    target = Target("cpu", SimulatedCuda())
+    yield target
+    target.check()  # no unordered access, early free or unjoined stream in any of the test's calls
 
 
 def mlp(device: str = "cuda") -> nn.Module:
@@ -53,27 +90,25 @@ def mlp(device: str = "cuda") -> nn.Module:
     return nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 8)).to(device).eval()
 
 
-@pytest.mark.cuda
 @pytest.mark.parametrize("kernel_backend", ["aten", "inductor"])
-def test_capture_replays_and_matches_eager(kernel_backend):
-    model = mlp()
-    compiled, backend = compile_with(model, mode="reduce-overhead", kernel_backend=kernel_backend)
+def test_capture_replays_and_matches_eager(kernel_backend, target):
+    model = mlp(target.device)
+    compiled, backend = target.compile(model, mode="reduce-overhead", kernel_backend=kernel_backend)
     with torch.no_grad():
         for _ in range(4):
-            x = torch.randn(4, 16, device="cuda")
+            x = torch.randn(4, 16, device=target.device)
             assert_close(compiled(x), model(x))
     (report,) = backend.reports
     assert report.captured and report.capture_keys == 1 and report.uncaptured_reason is None
 
 
-@pytest.mark.cuda
-def test_one_graph_per_shape_key_and_kept_outputs_stay_correct():
-    model = mlp()
-    compiled, backend = compile_with(model, mode="reduce-overhead", kernel_backend="aten", dynamic=True)
+def test_one_graph_per_shape_key_and_kept_outputs_stay_correct(target):
+    model = mlp(target.device)
+    compiled, backend = target.compile(model, mode="reduce-overhead", kernel_backend="aten", dynamic=True)
     kept = []
     with torch.no_grad():
         for n in (2, 3, 2, 5, 3, 2):
-            x = torch.randn(n, 16, device="cuda")
+            x = torch.randn(n, 16, device=target.device)
             kept.append((compiled(x), model(x)))
     for got, want in kept:  # every output from every step is still what that step computed
         assert_close(got, want)
@@ -81,26 +116,24 @@ def test_one_graph_per_shape_key_and_kept_outputs_stay_correct():
     assert report.capture_keys == 3  # one CUDA graph per shape key (2, 3, 5), shared pool
 
 
-@pytest.mark.cuda
-def test_capture_limit_runs_new_keys_uncaptured_with_one_warning(caplog):
-    model = mlp()
-    compiled, backend = compile_with(
+def test_capture_limit_runs_new_keys_uncaptured_with_one_warning(caplog, target):
+    model = mlp(target.device)
+    compiled, backend = target.compile(
         model, mode="reduce-overhead", kernel_backend="aten", dynamic=True, **{"reduce_overhead.capture_limit": 2}
     )
     with caplog.at_level(logging.WARNING, logger="airgraph"), torch.no_grad():
         for n in (2, 3, 4, 5, 4):
-            x = torch.randn(n, 16, device="cuda")
+            x = torch.randn(n, 16, device=target.device)
             assert_close(compiled(x), model(x))
     assert backend.reports[0].capture_keys == 2
     warnings = [r for r in caplog.records if "capture limit" in r.getMessage()]
     assert len(warnings) == 1
 
 
-@pytest.mark.cuda
-def test_moved_parameter_recaptures():
-    model = mlp()
-    compiled, backend = compile_with(model, mode="reduce-overhead", kernel_backend="aten")
-    x = torch.randn(4, 16, device="cuda")
+def test_moved_parameter_recaptures(target):
+    model = mlp(target.device)
+    compiled, backend = target.compile(model, mode="reduce-overhead", kernel_backend="aten")
+    x = torch.randn(4, 16, device=target.device)
     with torch.no_grad():
         compiled(x)
         compiled(x)
@@ -130,17 +163,16 @@ def test_uncapturable_op_runs_uncaptured_with_one_log_line(caplog):
     assert sum("_local_scalar_dense" in r.getMessage() for r in caplog.records) == 1
 
 
-@pytest.mark.cuda
-def test_mutated_user_input_is_copied_back():
+def test_mutated_user_input_is_copied_back(target):
     def fn(state: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         state.mul_(0.5).add_(x)
         return state.sum()
 
-    compiled, _ = compile_with(fn, mode="reduce-overhead", kernel_backend="aten")
-    state, ref_state = torch.ones(8, device="cuda"), torch.ones(8, device="cuda")
+    compiled, _ = target.compile(fn, mode="reduce-overhead", kernel_backend="aten")
+    state, ref_state = torch.ones(8, device=target.device), torch.ones(8, device=target.device)
     with torch.no_grad():
         for _ in range(4):
-            x = torch.randn(8, device="cuda")
+            x = torch.randn(8, device=target.device)
             assert_close(compiled(state, x), fn(ref_state, x))
             assert_close(state, ref_state)
 
@@ -161,32 +193,30 @@ def test_caller_stream_is_honoured():
     assert_close(out, model(x))
 
 
-@pytest.mark.cuda
 @pytest.mark.parametrize("kernel_backend", ["aten", "inductor"])
-def test_tiny_llama_decode_captured(kernel_backend):
-    model = build_tiny_llama("tiny", seed=0, device="cuda")
-    reference = build_tiny_llama("tiny", seed=0, device="cuda")
+def test_tiny_llama_decode_captured(kernel_backend, target):
+    model = build_tiny_llama("tiny", seed=0, device=target.device)
+    reference = build_tiny_llama("tiny", seed=0, device=target.device)
     cfg = model.config
-    tokens, pos = prefill_inputs(cfg, 1, 8, device="cuda")
+    tokens, pos = prefill_inputs(cfg, 1, 8, device=target.device)
     with torch.no_grad():
         model(tokens, pos)
         reference(tokens, pos)
-        compiled, backend = compile_with(model, mode="reduce-overhead", kernel_backend=kernel_backend, fullgraph=True)
+        compiled, backend = target.compile(model, mode="reduce-overhead", kernel_backend=kernel_backend, fullgraph=True)
         for step in range(6):
-            tokens, pos = decode_inputs(cfg, 1, 8 + step, seed=step, device="cuda")
+            tokens, pos = decode_inputs(cfg, 1, 8 + step, seed=step, device=target.device)
             assert_close(compiled(tokens, pos), reference(tokens, pos))
     for buf, ref in zip(model.buffers(), reference.buffers()):
         assert_close(buf, ref)
     assert backend.reports[0].captured
 
 
-@pytest.mark.cuda
-def test_training_step_under_reduce_overhead():
-    model = mlp().train()
-    reference = mlp().train()
-    compiled, backend = compile_with(model, mode="reduce-overhead", kernel_backend="aten")
+def test_training_step_under_reduce_overhead(target):
+    model = mlp(target.device).train()
+    reference = mlp(target.device).train()
+    compiled, backend = target.compile(model, mode="reduce-overhead", kernel_backend="aten")
     for _ in range(3):
-        x = torch.randn(4, 16, device="cuda")
+        x = torch.randn(4, 16, device=target.device)
         loss = compiled(x).square().mean()
         ref = reference(x).square().mean()
         loss.backward()
