@@ -140,6 +140,7 @@ class AirgraphBackend:
                 stream=node.meta.get("stream"),
                 placement=node.meta.get("placement", "device"),
                 segment=node.meta.get("segment"),
+                device=str(val.device) if isinstance(val := node.meta.get("val"), torch.Tensor) else None,
             )
             for node in gm.graph.nodes
         ]

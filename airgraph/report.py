@@ -26,8 +26,12 @@ class NodeReport:
     name: str
     target: str
     stream: str | None = None
+    # "host" when host placement moved the node to the CPU; "device" otherwise (the graph's placement).
     placement: str = "device"
     segment: int | None = None
+    # Where the node's tensor value lives ("cuda:0", "cpu"), None for non-tensor values (SymInts, tuples):
+    # a CPU constant in a CUDA graph says "cpu" here even where host placement is off.
+    device: str | None = None
 
 
 @dataclass

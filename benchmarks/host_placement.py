@@ -14,8 +14,13 @@
 
     python benchmarks/host_placement.py [--kernel-backend aten] [--steps 200] [--output PATH]
 
-Writes JSON (device, torch version, commit) to benchmarks/results/host_placement_cuda.json. Without a GPU it
-refuses; ``airgraph.explain.plan(fn, *args, device="cuda")`` shows on a CPU what the GPU run would place.
+Writes JSON (device, torch version, commit) to benchmarks/results/host_placement_cuda.json. Without a GPU,
+``--plan`` plans both steps for CUDA on fake tensors (``airgraph.plan``: nothing runs) with host placement off
+and on, and counts per step what the GPU run would issue with the aten kernel backend (one launch per
+op whose value is a CUDA tensor and not a view): device kernels, ``_to_copy`` ops with a CUDA result
+(copies to the device, and dtype casts), and reads of a scalar into Python (``_local_scalar_dense``) not
+placed on the host (a device-to-host sync each).
+It writes benchmarks/results/host_placement_plan.json.
 """
 
 from __future__ import annotations
@@ -209,6 +214,62 @@ def decode_bench(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+def _is_view(target: str) -> bool:
+    """Whether the ATen op named ``target`` ("aten.view.default") only returns views of its inputs."""
+    namespace, name, overload = [*target.split("."), "", ""][:3]
+    op = getattr(getattr(getattr(torch.ops, namespace, None), name, None), overload, None)
+    if not isinstance(op, torch._ops.OpOverload) or not op._schema.returns:
+        return target == "getitem"
+    return all(r.alias_info is not None and not r.alias_info.is_write for r in op._schema.returns)
+
+
+def planned_counts(report: Any) -> dict[str, Any]:
+    """Per compiled graph of a planned step: what its device part would issue (see the module docstring)."""
+    counts = {"device_kernels": 0, "device_copies": 0, "device_to_host_reads": 0, "host_ops": 0}
+    for graph in report.graphs:
+        for node in graph.nodes:
+            if node.target in ("placeholder", "output"):
+                continue
+            on_device = (node.device or "").startswith("cuda")
+            if node.placement == "host":
+                counts["host_ops"] += 1
+            elif node.target == "aten._local_scalar_dense.default":
+                counts["device_to_host_reads"] += 1
+            elif on_device and node.target == "aten._to_copy.default":
+                counts["device_copies"] += 1
+            elif on_device and not _is_view(node.target):
+                counts["device_kernels"] += 1
+    counts["moved"] = [name for graph in report.graphs for name in graph.host_placement.get("moved", [])]
+    return counts
+
+
+def plan_bench(args: argparse.Namespace) -> dict[str, Any]:
+    """Both benchmarks planned for CUDA on this machine (no GPU needed), placement off and on."""
+    from airgraph.explainer import plan
+
+    result: dict[str, Any] = {}
+    decoder = HFStyleDecoder(512, args.dim, args.layers, 4, max_len=args.steps + 64, batch=1).eval()
+    steps = {
+        "fragment": (fragment, (torch.randn(64, 256),), False),
+        "decode": (decoder, (torch.zeros(1, 1, dtype=torch.long), torch.ones(1, 40)), True),
+    }
+    for name, (fn, inputs, dynamic) in steps.items():
+        row: dict[str, Any] = {}
+        for placed in (False, True):
+            config = airgraph.CompilerConfig()
+            config.kernel_backend = "aten"
+            config.passes.host_placement = placed
+            config.host_placement.max_elements = args.max_elements
+            torch._dynamo.reset()
+            with torch.no_grad():
+                report = plan(fn, *inputs, device="cuda", config=config, dynamic=dynamic)
+            row["placed" if placed else "all_on_device"] = planned_counts(report)
+        off, on = row["all_on_device"], row["placed"]
+        row["kernel_ratio"] = on["device_kernels"] / max(off["device_kernels"], 1)
+        result[name] = row
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mode", default="max-autotune", choices=["max-autotune", "reduce-overhead"])
@@ -217,14 +278,36 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--dim", type=int, default=128)
     parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--output", default="benchmarks/results/host_placement_cuda.json")
+    parser.add_argument("--output", default=None)
+    parser.add_argument("--plan", action="store_true", help="plan for CUDA on this machine and count (no GPU)")
     args = parser.parse_args(argv)
+    torch._dynamo.config.capture_scalar_outputs = True  # .tolist() / int(tensor) stay in the graph
+    if args.plan:
+        planned = plan_bench(args)
+        for name, row in planned.items():
+            off, on = row["all_on_device"], row["placed"]
+            print(
+                f"{name} (planned): device kernels {off['device_kernels']} -> {on['device_kernels']} "
+                f"({row['kernel_ratio']:.2f}), device-to-host reads {off['device_to_host_reads']} -> "
+                f"{on['device_to_host_reads']}, device copies/casts {off['device_copies']} -> {on['device_copies']}, "
+                f"moved: {', '.join(on['moved']) or 'nothing'}"
+            )
+        report = {
+            **environment(torch.device("cpu")),
+            "benchmark": "host_placement_plan",
+            "settings": {k: v for k, v in vars(args).items() if k not in ("output", "plan")},
+            "planned_for": "cuda (fake tensors, airgraph.plan; aten kernel backend: one launch per computing op)",
+            **planned,
+        }
+        output = args.output or "benchmarks/results/host_placement_plan.json"
+        write_json(report, output)
+        print(f"wrote {output}")
+        return 0
     if not torch.cuda.is_available():
         parser.error(
             "needs a CUDA GPU (run it on the GPU machine); on this machine, "
-            "airgraph.explain.plan(fn, *args, device='cuda') shows what the GPU run would place"
+            "--plan counts what the GPU run would issue, from airgraph.plan(fn, *args, device='cuda')"
         )
-    torch._dynamo.config.capture_scalar_outputs = True  # .tolist() / int(tensor) stay in the graph
     frag = fragment_bench(args)
     print(
         f"fragment: all-on-device {frag['all_on_device']['busy_us']:.1f} us, placed {frag['placed']['busy_us']:.1f} us "
@@ -250,8 +333,9 @@ def main(argv: list[str] | None = None) -> int:
             "decode latency": decode["latency_ratio"] <= 0.95,
         },
     }
-    write_json(report, args.output)
-    print(f"wrote {args.output}")
+    output = args.output or "benchmarks/results/host_placement_cuda.json"
+    write_json(report, output)
+    print(f"wrote {output}")
     return 0
 
 

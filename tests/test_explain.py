@@ -6,7 +6,7 @@ from torch import nn
 import airgraph
 from tests.helpers import make_config
 
-NODE_KEYS = {"name", "target", "stream", "placement", "segment"}
+NODE_KEYS = {"name", "target", "stream", "placement", "segment", "device"}
 SEGMENT_KEYS = {"id", "stream", "placement", "backend", "num_nodes"}
 PASS_KEYS = {"name", "enabled", "changed", "details"}
 

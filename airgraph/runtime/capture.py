@@ -127,7 +127,6 @@ class MemoryPool:
 class GraphCapture:
     """Wraps a boxed executor; records and replays it per input-shape key."""
 
-
     def __init__(
         self,
         run: Callable[[list], Any],

@@ -220,3 +220,24 @@ def test_a_cpu_index_read_by_an_indexing_op_on_the_device_gets_an_asynchronous_c
     assert copy.meta["val"].device.type == "cuda" and tuple(copy.meta["val"].shape) == (12,)
     assert any("reads the CPU index rows_1" in line for line in result.details)
     assert find_uncapturable(gm) is None  # a per-call transfer now, refilled before each replay
+
+
+def test_node_reports_name_the_device_of_each_value():
+    torch._dynamo.config.capture_scalar_outputs = True
+    try:
+        reports = {
+            placed: plan(
+                fragment,
+                torch.randn(4, 6),
+                device="cuda",
+                config=make_config(kernel_backend="aten", **{"passes.host_placement": placed}),
+            )
+            for placed in (False, True)
+        }
+    finally:
+        torch._dynamo.config.capture_scalar_outputs = False
+    devices = {placed: {n.target: n.device for n in r.graphs[0].nodes} for placed, r in reports.items()}
+    assert devices[False]["aten.gather.default"] == "cuda:0"  # the shape tensor was copied to the GPU
+    assert devices[False]["aten.lift_fresh_copy.default"] == "cpu"  # a CPU constant, placement "device" or not
+    assert devices[True]["aten.gather.default"] == "cpu"  # moved to the host
+    assert devices[True]["aten._local_scalar_dense.default"] is None  # a Python number, not a tensor
