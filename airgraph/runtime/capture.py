@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import enum
 import logging
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -73,6 +74,9 @@ from airgraph.runtime.device import CUDA
 from airgraph.runtime.host import HostSplit, plan_host_work
 
 log = logging.getLogger("airgraph")
+
+# all(tensors[i].data_ptr() == ptrs[i] for i in indices), in C++; bound in CUDA builds of PyTorch only.
+_PTRS_EQUAL = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)
 
 
 class CaptureState(enum.Enum):
@@ -88,7 +92,8 @@ class _Key:
     graph: Any = None  # the runtime's graph (a torch.cuda.CUDAGraph on CUDA)
     static_args: list[Any] = field(default_factory=list)
     static_outputs: Sequence[Any] = ()
-    static_ptrs: tuple[int, ...] = ()
+    static_ptrs: list[int | None] = field(default_factory=list)  # GraphCapture._static_ptrs
+    static_checked: list[int] = field(default_factory=list)  # positions of static tensor inputs
     copy_indices: tuple[int, ...] = ()
     # HostSplit only: the key's static host values, and (static buffer, transfer) pairs refilled per call.
     statics: list[Any] = field(default_factory=list)
@@ -172,8 +177,20 @@ class GraphCapture:
             for a in map(args.__getitem__, self._dynamic)
         )
 
-    def _static_ptrs(self, args: list) -> tuple[int, ...]:
-        return tuple(args[i].data_ptr() if isinstance(args[i], torch.Tensor) else 0 for i in self._static)
+    def _static_ptrs(self, args: list) -> list[int | None]:
+        """Per input position: the address of a static input (a parameter or buffer), None elsewhere."""
+        ptrs: list[int | None] = [None] * len(args)
+        for i in self._static:
+            if isinstance(args[i], torch.Tensor):
+                ptrs[i] = args[i].data_ptr()
+        return ptrs
+
+    def _static_moved(self, args: list, entry: _Key) -> bool:
+        """Whether a static input's address differs from the recording's (a parameter or buffer moved)."""
+        if _PTRS_EQUAL is not None:  # CUDA builds: the check CUDAGraph Trees use, in C++
+            return not _PTRS_EQUAL(args, entry.static_ptrs, entry.static_checked)
+        ptrs = entry.static_ptrs
+        return any(args[i].data_ptr() != ptrs[i] for i in entry.static_checked)
 
     # -- calls -------------------------------------------------------------------------------------------
     def __call__(self, args: list) -> Any:
@@ -184,7 +201,7 @@ class GraphCapture:
         if entry is None:
             entry = self._keys[key] = self._new_key()
         if entry.state is CaptureState.CAPTURED:
-            if self._static_ptrs(args) != entry.static_ptrs:
+            if self._static_moved(args, entry):
                 log.info("airgraph: graph %d: a parameter or buffer moved; re-capturing", self._report.id)
                 self._report.recaptures += 1
                 entry.graph = None
@@ -264,6 +281,7 @@ class GraphCapture:
             return
         entry.graph, entry.static_args, entry.static_outputs = graph, static_args, static_outputs
         entry.static_ptrs = self._static_ptrs(static_args)
+        entry.static_checked = [i for i in self._static if entry.static_ptrs[i] is not None]
         entry.copy_indices = tuple(i for i in range(len(args)) if static_args[i] is not args[i])
         entry.expanded = {i: _expanded_dims(static_args[i]) for i in entry.copy_indices}
         entry.copy_back = tuple(i for i in self._mutated if i in entry.copy_indices)
@@ -313,15 +331,16 @@ def _one_per_expanded(t: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
 
 
 # How each output of a replay reaches the caller (see the module docstring):
-_KEEP, _INPUT_VIEW, _COPY = "keep", "input view", "copy"
+_KEEP, _INPUT_VIEW, _CLONE, _COPY = "keep", "input view", "clone", "copy"
 
 
 def _output_plan(
     outputs: Sequence[Any], static_args: list, num_args: int, copy_indices: tuple[int, ...]
 ) -> list[tuple]:
     """Per output: (_KEEP,) for non-tensors and views of inputs used in place (parameters, buffers, CPU
-    inputs of host work); (_INPUT_VIEW, i) for a view of input ``i``'s static buffer; (_COPY, storage) for
-    anything else (memory of the pool, the buffers host work's values are copied into)."""
+    inputs of host work); (_INPUT_VIEW, i) for a view of input ``i``'s static buffer; (_CLONE,) for an output
+    that is the whole of a storage no other output shares (a plain ``clone`` keeps everything); (_COPY,
+    storage) for anything else (memory of the pool, the buffers host work's values are copied into)."""
     buffers = {_storage(static_args[i]): i for i in copy_indices}
     in_place = {
         _storage(a)
@@ -336,7 +355,17 @@ def _output_plan(
             plan.append((_INPUT_VIEW, buffers[_storage(out)]))
         else:
             plan.append((_COPY, _storage(out)))
+    shared = Counter(how[1] for how in plan if how[0] == _COPY)
+    for i, (out, how) in enumerate(zip(outputs, plan)):
+        if how[0] == _COPY and shared[how[1]] == 1 and _whole_storage(out):
+            plan[i] = (_CLONE,)
     return plan
+
+
+def _whole_storage(t: torch.Tensor) -> bool:
+    """``t`` is contiguous, starts at its storage's start and covers all of it."""
+    size = t.numel() * t.element_size()
+    return t.storage_offset() == 0 and t.is_contiguous() and t.untyped_storage().nbytes() == size
 
 
 def _storage(t: torch.Tensor) -> int:
@@ -348,7 +377,9 @@ def _copy_out(entry: _Key, args: list) -> list[Any]:
     copies: dict[int, Any] = {}
     outputs = []
     for out, how in zip(entry.static_outputs, entry.outputs):
-        if how[0] == _KEEP:
+        if how[0] == _CLONE:
+            outputs.append(out.clone())
+        elif how[0] == _KEEP:
             outputs.append(out)
         elif how[0] == _INPUT_VIEW:
             base, buffer = args[how[1]], entry.static_args[how[1]]

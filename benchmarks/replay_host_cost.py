@@ -1,0 +1,121 @@
+"""The host cost of one reduce-overhead replay, measured on the CPU (issue #2's target: <= 20 us per replay).
+
+On a GPU, ``benchmarks/llama_decode.py`` measures it directly. Without one, this script runs the tiny LLaMA
+decode step through the same Python path with the device work taken out: the simulated runtime's graphs
+(runtime/simulated.py) are replaced by graphs whose replay does nothing, so a call is Dynamo's guards,
+AOTAutograd's wrapper, GraphCapture's key and address checks, the input copies into the static buffers
+(here CPU copies of a few bytes; on a GPU, copy launches) and the output copy-out. Side by side in one
+process, interleaved rounds:
+
+- ``airgraph replay``: the decode step compiled in reduce-overhead, every call a (null) replay;
+- ``framework floor``: the same Dynamo graph with an AOTAutograd compiler that returns precomputed outputs,
+  i.e. what any backend pays before its own first line runs.
+
+``airgraph replay - framework floor`` is GraphCapture's own cost per replay. A GPU adds the launches of the
+input copies, the graph and the output copy (a few microseconds each) on top.
+
+    python benchmarks/replay_host_cost.py [--preset tiny] [--calls 2000] [--rounds 9] [--output PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Any
+
+import torch
+from torch._dynamo.backends.common import aot_autograd
+from torch._functorch.aot_autograd import make_boxed_func
+
+import airgraph
+from airgraph.backend import AirgraphBackend
+from airgraph.bench import environment, write_json
+from airgraph.models import build_tiny_llama, decode_inputs, prefill_inputs
+from airgraph.runtime.simulated import SimulatedCuda
+
+
+class _NullGraph:
+    def replay(self) -> None:
+        pass
+
+
+class NullReplay(SimulatedCuda):
+    """The simulated runtime whose recorded graphs do no work when replayed (outputs stay as recorded)."""
+
+    def capture(self, fn: Any, args: list, *, pool: Any, stream: Any, device: Any) -> tuple:
+        return _NullGraph(), fn(list(args))
+
+
+def _floor_backend(gm: torch.fx.GraphModule, example_inputs: list) -> Any:
+    def compiler(graph: torch.fx.GraphModule, inputs: list) -> Any:
+        first: list = []  # the first call's outputs (the compiler sees fake inputs), returned every call
+
+        def run(*args: Any) -> list:
+            if not first:
+                first.append(graph(*args))
+            return list(first[0])
+
+        return make_boxed_func(run)
+
+    return aot_autograd(fw_compiler=compiler, inference_compiler=compiler)(gm, example_inputs)
+
+
+def _per_call_us(fns: dict[str, Any], args: tuple, calls: int, rounds: int) -> dict[str, float]:
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn(*args)
+            samples[name].append((time.perf_counter() - start) / calls * 1e6)
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def run(preset: str, calls: int, rounds: int) -> dict[str, Any]:
+    torch.set_num_threads(1)
+    model = build_tiny_llama(preset, seed=0)
+    config = airgraph.CompilerConfig()
+    config.mode, config.kernel_backend = "reduce-overhead", "aten"
+    backend = AirgraphBackend(config, runtime=NullReplay())
+    step = torch.compile(model, backend=backend, fullgraph=True)
+    floor = torch.compile(model, backend=_floor_backend, fullgraph=True)
+    with torch.no_grad():
+        model(*prefill_inputs(model.config, 1, 8))
+        tokens, pos = decode_inputs(model.config, 1, 8)
+        for _ in range(5):  # warm-up, record, replays
+            step(tokens, pos)
+            floor(tokens, pos)
+        assert backend.reports[0].captured, backend.reports[0].uncaptured_reason
+        times = _per_call_us({"airgraph_replay": step, "framework_floor": floor}, (tokens, pos), calls, rounds)
+    times = {name: round(value, 2) for name, value in times.items()}
+    return {
+        **environment(torch.device("cpu")),
+        "benchmark": "replay_host_cost",
+        "settings": {"preset": preset, "calls": calls, "rounds": rounds, "kernel_backend": "aten", "threads": 1},
+        "per_call_us": times,
+        "graph_capture_us": round(times["airgraph_replay"] - times["framework_floor"], 2),
+        "target": "host cost of one replay <= 20 us (GPU: benchmarks/llama_decode.py)",
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="tiny")
+    parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--output", default="benchmarks/results/replay_host_cost_cpu.json")
+    args = parser.parse_args(argv)
+    result = run(args.preset, args.calls, args.rounds)
+    times = result["per_call_us"]
+    print(
+        f"per call: airgraph replay {times['airgraph_replay']:.1f} us, framework floor "
+        f"{times['framework_floor']:.1f} us -> GraphCapture {result['graph_capture_us']:.1f} us"
+    )
+    write_json(result, args.output)
+    print(f"wrote {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
