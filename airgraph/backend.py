@@ -35,7 +35,7 @@ from airgraph.lowering.partition import HOST
 from airgraph.passes import CompileContext, run_pipeline
 from airgraph.passes.base import mutated_nodes, target_name
 from airgraph.report import GraphReport, NodeReport, SegmentReport, next_graph_id
-from airgraph.runtime.capture import GraphCapture, MemoryPool, find_uncapturable
+from airgraph.runtime.capture import GraphCapture, MemoryPool, find_uncapturable, views_of_inputs
 from airgraph.runtime.device import CUDA
 from airgraph.runtime.executor import build_executor
 from airgraph.runtime.host import build_host_split, describe_host_split
@@ -202,6 +202,7 @@ class AirgraphBackend:
             warmup_iters=self.config.reduce_overhead.warmup_iters,
             report=report,
             uncapturable=uncapturable,
+            input_views=views_of_inputs(gm),
         )
         return capture
 

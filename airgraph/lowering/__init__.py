@@ -1,8 +1,9 @@
 """Segments and the kernel backends that lower them.
 
-A kernel backend is a function ``(gm, example_inputs, *, kind, whole_graph) -> boxed callable``
-(``whole_graph``: the segment is the entire ATen graph, inputs in the graph's order); the registry below is
-filled by the ``kernel_backend`` decorator in this module only, so the list of backends is readable here.
+A kernel backend is a function ``(gm, example_inputs, *, kind, donated) -> boxed callable`` (``donated``:
+positions of the segment's inputs it may overwrite, from AOTAutograd's donated backward buffers); the
+registry below is filled by the ``kernel_backend`` decorator in this module only, so the list of backends
+is readable here.
 """
 
 from __future__ import annotations
@@ -30,16 +31,16 @@ def kernel_backend(name: str) -> Callable[[KernelBackend], KernelBackend]:
 
 @kernel_backend("inductor")
 def _inductor(
-    gm: torch.fx.GraphModule, example_inputs: list[Any], *, kind: str, whole_graph: bool = False
+    gm: torch.fx.GraphModule, example_inputs: list[Any], *, kind: str, donated: list[int] | None = None
 ) -> Callable[[list], Any]:
     from airgraph.lowering.inductor import compile_inductor
 
-    return compile_inductor(gm, example_inputs, kind=kind, whole_graph=whole_graph)
+    return compile_inductor(gm, example_inputs, kind=kind, donated=donated)
 
 
 @kernel_backend("aten")
 def _aten(
-    gm: torch.fx.GraphModule, example_inputs: list[Any], *, kind: str, whole_graph: bool = False
+    gm: torch.fx.GraphModule, example_inputs: list[Any], *, kind: str, donated: list[int] | None = None
 ) -> Callable[[list], Any]:
     from airgraph.lowering.aten import compile_aten
 
@@ -48,7 +49,7 @@ def _aten(
 
 @kernel_backend("interpreter")
 def _interpreter(
-    gm: torch.fx.GraphModule, example_inputs: list[Any], *, kind: str, whole_graph: bool = False
+    gm: torch.fx.GraphModule, example_inputs: list[Any], *, kind: str, donated: list[int] | None = None
 ) -> Callable[[list], Any]:
     """debug.run_eagerly: torch.fx.Interpreter, one node at a time, for bisecting."""
     interpreter = torch.fx.Interpreter(gm)
@@ -70,13 +71,35 @@ def backend_for(segment: Segment, requested: str) -> str:
 def lower_segments(
     segments: list[Segment], requested: str, *, kind: str, placeholders: list[torch.fx.Node] | None = None
 ) -> None:
-    """Lower every compute segment; ``placeholders`` (the graph's) tell which segment is the whole graph."""
+    """Lower every compute segment. ``placeholders`` (the graph's) let a backward segment overwrite the
+    donated inputs it reads last (see :func:`donated_inputs`); without them, none."""
     if requested not in KERNEL_BACKENDS:
         raise ValueError(f"unknown kernel backend {requested!r}; known: {', '.join(KERNEL_BACKENDS)}")
+    compute = [seg for seg in segments if seg.kind == "compute"]
+    donated = donated_inputs(compute, placeholders) if kind == "backward" and placeholders is not None else {}
     for seg in segments:
         if seg.kind != "compute":
             seg.backend = seg.kind
             continue
         seg.backend = backend_for(seg, requested)
-        whole = placeholders is not None and seg.inputs == placeholders
-        seg.compiled = KERNEL_BACKENDS[seg.backend](seg.gm, seg.example_inputs(), kind=kind, whole_graph=whole)
+        inputs = seg.example_inputs()
+        seg.compiled = KERNEL_BACKENDS[seg.backend](seg.gm, inputs, kind=kind, donated=donated.get(seg.id, []))
+
+
+def donated_inputs(segments: list[Segment], placeholders: list[torch.fx.Node]) -> dict[int, list[int]]:
+    """Segment id -> positions of its inputs it may overwrite: AOTAutograd's donated backward buffers
+    (``bw_donated_idxs``, positions among the graph's inputs: saved tensors nothing else holds), each given
+    to the segment that reads it last, at its position among that segment's inputs."""
+    context = torch._guards.TracingContext.try_get()
+    graph_donated = getattr(getattr(context, "fw_metadata", None), "bw_donated_idxs", None) or []
+    last: dict[torch.fx.Node, Segment] = {}
+    for seg in segments:
+        for node in seg.inputs:
+            last[node] = seg
+    donated: dict[int, list[int]] = {}
+    for index in graph_donated:
+        node = placeholders[index] if index < len(placeholders) else None
+        if node in last:
+            seg = last[node]
+            donated.setdefault(seg.id, []).append(seg.inputs.index(node))
+    return donated

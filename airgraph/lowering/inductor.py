@@ -16,9 +16,9 @@ import torch
 
 
 def compile_inductor(
-    gm: torch.fx.GraphModule, example_inputs: list[Any], *, kind: str = "inference", whole_graph: bool = False
+    gm: torch.fx.GraphModule, example_inputs: list[Any], *, kind: str = "inference", donated: list[int] | None = None
 ) -> Callable[[list], Any]:
-    """Compile one segment. ``whole_graph``: the segment is the entire ATen graph with its inputs in order."""
+    """Compile one segment. ``donated``: positions of its inputs Inductor may overwrite (backward only)."""
     from torch._inductor import config as inductor_config
     from torch._inductor.compile_fx import compile_fx_inner
 
@@ -27,7 +27,10 @@ def compile_inductor(
         # Inductor reports its graph's output strides here and expects the list empty; with several segments
         # the backend rewrites it for the whole graph afterwards (backend._report_output_strides).
         tracing.output_strides.clear()
-    with inductor_config.patch({"triton.cudagraphs": False}), _no_donation_unless(whole_graph or kind != "backward"):
+    with (
+        inductor_config.patch({"triton.cudagraphs": False}),
+        _donating((donated or []) if kind == "backward" else None),
+    ):
         compiled = compile_fx_inner(
             gm,
             example_inputs,
@@ -40,18 +43,18 @@ def compile_inductor(
 
 
 @contextlib.contextmanager
-def _no_donation_unless(keep: bool) -> Iterator[None]:
-    """Inductor lets a backward graph overwrite the inputs AOTAutograd lists as donated (``bw_donated_idxs``,
-    positions among the *whole* backward graph's inputs). A segment's inputs are another list, and a later
-    segment may still read a donated value, so donation is off for segments that are not the whole graph."""
+def _donating(donated: list[int] | None) -> Iterator[None]:
+    """Inductor lets a backward graph overwrite the inputs AOTAutograd lists as donated (``bw_donated_idxs``),
+    read as positions among the graph it compiles. For a segment they are set to ``donated``, the segment's
+    own positions (lowering.donated_inputs), for the duration; None leaves them alone (not a backward)."""
     tracing = torch._guards.TracingContext.try_get()
     metadata = getattr(tracing, "fw_metadata", None)
-    if keep or metadata is None or not getattr(metadata, "bw_donated_idxs", None):
+    if donated is None or metadata is None or not hasattr(metadata, "bw_donated_idxs"):
         yield
         return
-    donated = metadata.bw_donated_idxs
-    metadata.bw_donated_idxs = []
+    saved = metadata.bw_donated_idxs
+    metadata.bw_donated_idxs = donated
     try:
         yield
     finally:
-        metadata.bw_donated_idxs = donated
+        metadata.bw_donated_idxs = saved

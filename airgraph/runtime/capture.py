@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import operator
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -144,7 +145,10 @@ class GraphCapture:
         warmup_iters: int,
         report: GraphReport,
         uncapturable: str | None = None,
+        input_views: dict[int, int] | None = None,
     ) -> None:
+        """``input_views``: graph output position -> input position for outputs that are views of inputs
+        (:func:`views_of_inputs` of the graph ``run`` executes; a HostSplit's device part is read here)."""
         # AOTAutograd passes the inputs as one list. An instance attribute: AOTAutograd wraps the backward's
         # callable (torch._dynamo.disable, functools.wraps), which copies the instance's __dict__ only.
         self._boxed_call = True
@@ -159,6 +163,7 @@ class GraphCapture:
         self._warmup_iters = warmup_iters
         self._report = report
         self._uncapturable = uncapturable
+        self._input_views = input_views or {}
         self._keys: dict[tuple, _Key] = {}
         self._dynamic: list[int] | None = None
         self._limit_warned = False
@@ -285,7 +290,8 @@ class GraphCapture:
         entry.copy_indices = tuple(i for i in range(len(args)) if static_args[i] is not args[i])
         entry.expanded = {i: _expanded_dims(static_args[i]) for i in entry.copy_indices}
         entry.copy_back = tuple(i for i in self._mutated if i in entry.copy_indices)
-        entry.outputs = _output_plan(static_outputs, static_args, len(args), entry.copy_indices)
+        views = self._input_views if split is None else views_of_inputs(split.device_gm)
+        entry.outputs = _output_plan(static_outputs, static_args, len(args), entry.copy_indices, views)
         entry.state = CaptureState.CAPTURED
         self._report.captured = True
         self._report.capture_keys += 1
@@ -334,38 +340,96 @@ def _one_per_expanded(t: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
 _KEEP, _INPUT_VIEW, _CLONE, _COPY = "keep", "input view", "clone", "copy"
 
 
+def views_of_inputs(gm: torch.fx.GraphModule) -> dict[int, int]:
+    """Graph output position -> input position, for each output that is a view of an input (or the input):
+    followed back through view ops (and in-place ops, which return their argument) in the FX graph."""
+    inputs = {n: i for i, n in enumerate(gm.graph.find_nodes(op="placeholder"))}
+    views: dict[int, int] = {}
+    for position, node in enumerate(gm.graph.find_nodes(op="output")[0].args[0]):
+        base = _aliased_base(node)
+        if base in inputs:
+            views[position] = inputs[base]
+    return views
+
+
+def _aliased_base(node: Any) -> torch.fx.Node | None:
+    """The node whose memory ``node``'s value is (a placeholder, or the last non-view op), or None."""
+    while isinstance(node, torch.fx.Node):
+        if node.op == "placeholder":
+            return node
+        if node.target is operator.getitem and isinstance(node.args[0], torch.fx.Node):
+            node = node.args[0]  # an element of split/unbind/chunk: a view of that op's input
+            continue
+        schema = getattr(node.target, "_schema", None)
+        returns = schema.returns if schema is not None else ()
+        if not returns or any(r.alias_info is None for r in returns):
+            return node
+        aliased = returns[0].alias_info.before_set
+        source = next(
+            (
+                node.args[i]
+                for i, a in enumerate(schema.arguments)
+                if i < len(node.args) and a.alias_info is not None and a.alias_info.before_set & aliased
+            ),
+            None,
+        )
+        if not isinstance(source, torch.fx.Node):
+            return node
+        node = source
+    return None
+
+
 def _output_plan(
-    outputs: Sequence[Any], static_args: list, num_args: int, copy_indices: tuple[int, ...]
+    outputs: Sequence[Any],
+    static_args: list,
+    num_args: int,
+    copy_indices: tuple[int, ...],
+    input_views: dict[int, int],
 ) -> list[tuple]:
-    """Per output: (_KEEP,) for non-tensors and views of inputs used in place (parameters, buffers, CPU
-    inputs of host work); (_INPUT_VIEW, i) for a view of input ``i``'s static buffer; (_CLONE,) for an output
-    that is the whole of a storage no other output shares (a plain ``clone`` keeps everything); (_COPY,
-    storage) for anything else (memory of the pool, the buffers host work's values are copied into)."""
-    buffers = {_storage(static_args[i]): i for i in copy_indices}
+    """How each output reaches the caller after a replay:
+
+    - (_KEEP,): non-tensors, and views of inputs used in place (parameters, buffers, CPU inputs of host work):
+      that memory is theirs, not the pool's;
+    - (_INPUT_VIEW, i): a view of input ``i`` (``input_views``, from the FX graph), which has a static buffer:
+      the same view of the caller's tensor. Only graph-level views: an output that merely occupies an input's
+      buffer (an input Inductor was allowed to overwrite) is pool data like any other;
+    - (_CLONE, dense): an output alone in its storage: a copy of its elements, strides kept (nothing
+      regenerates a view from it); ``clone`` when it is dense (it keeps those strides);
+    - (_COPY, storage): outputs sharing a storage (a view and its base): the storage copied once for all of
+      them, offsets kept, so AOTAutograd regenerates the view from the base as eager would.
+    """
     in_place = {
         _storage(a)
         for i, a in enumerate(static_args[:num_args])
-        if isinstance(a, torch.Tensor) and i not in copy_indices
+        if isinstance(a, torch.Tensor) and i not in copy_indices and a.untyped_storage().nbytes()
     }
     plan: list[tuple] = []
-    for out in outputs:
-        if not isinstance(out, torch.Tensor) or _storage(out) in in_place:
+    for position, out in enumerate(outputs):
+        source = input_views.get(position)
+        if not isinstance(out, torch.Tensor):
             plan.append((_KEEP,))
-        elif _storage(out) in buffers:
-            plan.append((_INPUT_VIEW, buffers[_storage(out)]))
+        elif not out.untyped_storage().nbytes():  # no memory (a null pointer): nothing to tell apart
+            plan.append((_CLONE, True))
+        elif source is not None and source in copy_indices and _storage(out) == _storage(static_args[source]):
+            plan.append((_INPUT_VIEW, source))
+        elif _storage(out) in in_place:
+            plan.append((_KEEP,))
         else:
             plan.append((_COPY, _storage(out)))
     shared = Counter(how[1] for how in plan if how[0] == _COPY)
-    for i, (out, how) in enumerate(zip(outputs, plan)):
-        if how[0] == _COPY and shared[how[1]] == 1 and _whole_storage(out):
-            plan[i] = (_CLONE,)
-    return plan
+    return [
+        (_CLONE, _dense(out)) if how[0] == _COPY and shared[how[1]] == 1 else how for out, how in zip(outputs, plan)
+    ]
 
 
-def _whole_storage(t: torch.Tensor) -> bool:
-    """``t`` is contiguous, starts at its storage's start and covers all of it."""
-    size = t.numel() * t.element_size()
-    return t.storage_offset() == 0 and t.is_contiguous() and t.untyped_storage().nbytes() == size
+def _dense(t: torch.Tensor) -> bool:
+    """Non-overlapping and dense (a permutation of a contiguous layout): what ``clone`` keeps strides of."""
+    expected = 1
+    for size, stride in sorted(((n, st) for n, st in zip(t.shape, t.stride()) if n != 1), key=lambda p: p[1]):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
 
 
 def _storage(t: torch.Tensor) -> int:
@@ -378,7 +442,11 @@ def _copy_out(entry: _Key, args: list) -> list[Any]:
     outputs = []
     for out, how in zip(entry.static_outputs, entry.outputs):
         if how[0] == _CLONE:
-            outputs.append(out.clone())
+            if how[1]:
+                outputs.append(out.clone())
+            else:  # a strided view: only its elements, same strides
+                copy = torch.empty_strided(out.size(), out.stride(), dtype=out.dtype, device=out.device)
+                outputs.append(copy.copy_(out))
         elif how[0] == _KEEP:
             outputs.append(out)
         elif how[0] == _INPUT_VIEW:

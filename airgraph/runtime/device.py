@@ -84,21 +84,31 @@ class CudaRuntime:
         index = self._index(device)
         graph = torch.cuda.CUDAGraph()
         torch.cuda.synchronize(index)
+        # capture_begin puts the device's default generator in capture mode and only a successful
+        # capture_end takes it out: after a failed capture every random op would fail. Its state is kept
+        # to put back on failure.
+        generator = torch.cuda.default_generators[index]
+        saved = generator.clone_state()
         with torch.cuda.stream(stream):
             graph.capture_begin(pool, capture_error_mode="thread_local")
             try:
-                outputs = fn(args)
+                try:
+                    outputs = fn(args)
+                except BaseException:
+                    with contextlib.suppress(Exception):  # end the capture; fn's error is the one to raise
+                        _end_capture(graph, index, pool)
+                    raise
+                _end_capture(graph, index, pool)
             except BaseException:
-                _end_capture(graph, index, pool, suppress=True)
+                generator.graphsafe_set_state(saved)
                 raise
-            _end_capture(graph, index, pool, suppress=False)
         return graph, outputs
 
     def wrap_segment(self, segment: Any, fn: Callable[[list], Any]) -> Callable[[list], Any]:
         return fn
 
 
-def _end_capture(graph: torch.cuda.CUDAGraph, index: int, pool: Any, *, suppress: bool) -> None:
+def _end_capture(graph: torch.cuda.CUDAGraph, index: int, pool: Any) -> None:
     """``graph.capture_end()``; when it fails (an invalidated capture), the allocator's capture into ``pool``
     is ended too (``capture_end`` skips that when the driver refuses the graph)."""
     try:
@@ -106,8 +116,7 @@ def _end_capture(graph: torch.cuda.CUDAGraph, index: int, pool: Any, *, suppress
     except BaseException:
         with contextlib.suppress(Exception):  # not open any more: nothing to end
             torch._C._cuda_endAllocateToPool(index, pool)
-        if not suppress:
-            raise
+        raise
 
 
 CUDA = CudaRuntime()

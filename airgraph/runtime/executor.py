@@ -87,7 +87,7 @@ def build_executor(
         if dead:
             body.append(f"    del {', '.join(dead)}")
     if streams is not None:
-        streams.join()
+        streams.join([n for n in outputs if isinstance(n, torch.fx.Node)], names)
     body.append(f"    return {emitter.arg(list(outputs), names)}")
     run = compile_function("\n".join(body) + "\n", emitter.globals, "run", "executor")
     run._boxed_call = True
@@ -147,9 +147,15 @@ class _StreamCode:
         for tag in self.side:
             self.body.append(f"    {self.stream(tag)}.wait_stream(cur)")
 
-    def join(self) -> None:
+    def join(self, outputs: list[torch.fx.Node], names: dict[torch.fx.Node, str]) -> None:
         for tag in self.side:
             self.body.append(f"    cur.wait_stream({self.stream(tag)})")
+        # Outputs a side stream made are the caller's now: when freed, their blocks go back to the side
+        # stream's pool, and its next work need not be ordered after the caller's reads (record_stream).
+        record = self.emitter.bind(self.runtime.record_stream, "record_stream")
+        for node in dict.fromkeys(outputs):
+            if self.producer.get(node) is not None:
+                self.body.append(f"    {record}({names[node]}, cur)")
 
     def _wait(self, waiter: str | None, waited: str | None, since: int) -> None:
         """``waiter`` waits for ``waited``'s work up to position ``since``, unless it already has."""

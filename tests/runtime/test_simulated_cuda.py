@@ -102,7 +102,7 @@ def test_the_checker_finds_a_missing_wait(monkeypatch):
 
 
 def test_the_checker_finds_an_unjoined_stream(monkeypatch):
-    monkeypatch.setattr(executor._StreamCode, "join", lambda self: None)
+    monkeypatch.setattr(executor._StreamCode, "join", lambda self, outputs, names: None)
     sim = SimulatedCuda()
     compiled, _ = compile_with(SeedModel(), runtime=sim, kernel_backend="aten", fullgraph=True)
     with sim.call():
@@ -158,6 +158,42 @@ def test_outputs_sharing_storage_keep_offsets_and_sharing():
     for (y, tail), (x,) in zip(got, calls):
         assert_close(y, x * 2)
         assert_close(tail, (x * 2)[1:])
+        assert tail.untyped_storage().data_ptr() == y.untyped_storage().data_ptr()  # one storage, as in eager
+        assert tail.storage_offset() == y.storage_offset() + 1
+    y, tail = got[0]
+    y.add_(1)  # a write through one is seen through the other
+    assert_close(tail, y[1:])
+
+
+def test_empty_outputs_keep_their_dtype():
+    """Every empty tensor has the null address: an empty output must not be taken for a view of an empty
+    input (it would come back as that input)."""
+
+    def fn(x: torch.Tensor, past: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x * 2, past.to(torch.int64) + 1
+
+    sim = SimulatedCuda()
+    calls = [(torch.randn(4), torch.empty(0, 4)) for _ in range(4)]
+    got, backend = run_checked(fn, sim, calls, mode="reduce-overhead", kernel_backend="aten")
+    assert backend.reports[0].captured
+    for (doubled, shifted), (x, _) in zip(got, calls):
+        assert_close(doubled, x * 2)
+        assert shifted.dtype == torch.int64 and shifted.shape == (0, 4)
+
+
+def test_an_output_made_on_a_side_stream_is_recorded_for_the_caller(monkeypatch):
+    """The caller frees it later: its block goes back to the side stream's pool, so the allocator must
+    also wait for the caller's stream (record_stream), whatever stream the next call comes from."""
+    sim = SimulatedCuda()
+    recorded: list[tuple[int, str]] = []
+    monkeypatch.setattr(sim, "record_stream", lambda t, stream: recorded.append((t.data_ptr(), stream.name)))
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        with scope.stream_switch("side"):
+            return torch.sin(x * 3)
+
+    (out,), _ = run_checked(fn, sim, [(torch.randn(8),)], kernel_backend="aten")
+    assert (out.data_ptr(), "default") in recorded
 
 
 def test_an_expanded_input_is_copied_into_its_buffer():
