@@ -162,6 +162,8 @@ class AirgraphBackend:
         """
         if self.config.mode != "reduce-overhead":
             return False, None
+        if device.type == "cpu" and self.runtime is not None and not self.plan_only:  # the CUDA simulator
+            return False, find_uncapturable(gm, simulated=True)
         if device.type != "cuda":
             if self.plan_only:
                 report.uncaptured_reason = f"reduce-overhead captures CUDA graphs; this graph runs on {device.type}"

@@ -297,8 +297,8 @@ class GraphCapture:
         self._report.capture_keys += 1
 
     def _replay(self, entry: _Key, args: list) -> list[Any]:
-        static_args = entry.static_args
-        stream = self._runtime.current_stream(self.device)
+        static_args, runtime = entry.static_args, self._runtime
+        stream = runtime.current_stream(self.device)
         last = self._pool.last_stream.get(self.device)
         if last is not None and last != stream:
             stream.wait_stream(last)  # graphs share the pool's memory: the last replay's stream goes first
@@ -312,11 +312,12 @@ class GraphCapture:
             buffer, a = static_args[i], args[i]
             if buffer.data_ptr() != a.data_ptr():
                 dims = entry.expanded[i]
-                _one_per_expanded(buffer, dims).copy_(_one_per_expanded(a, dims))
+                runtime.copy_(_one_per_expanded(buffer, dims), _one_per_expanded(a, dims))
         entry.graph.replay()
         for i in entry.copy_back:  # mutated inputs that had a buffer (CPU inputs were mutated in place)
             if static_args[i].data_ptr() != args[i].data_ptr():
-                args[i].copy_(static_args[i])
+                runtime.copy_(args[i], static_args[i])
+        runtime.reading(entry.static_outputs)
         outputs = _copy_out(entry, args)
         args.clear()
         return outputs if split is None else split.assemble(outputs, values, clone_static=True)
@@ -468,7 +469,7 @@ def _is_device_tensor(value: Any, split: HostSplit | None) -> bool:
     return split is None or value.device.type != "cpu"
 
 
-def find_uncapturable(gm: torch.fx.GraphModule) -> str | None:
+def find_uncapturable(gm: torch.fx.GraphModule, *, simulated: bool = False) -> str | None:
     """Why this CUDA graph cannot be recorded as one CUDA graph, naming the first offending op, or None.
 
     Ops with data-dependent output shapes or that read a device value on the host need a sync, which
@@ -476,6 +477,9 @@ def find_uncapturable(gm: torch.fx.GraphModule) -> str | None:
     put on the CPU is fine: it runs around the replay (module docstring), unless device work reads one of
     its per-call values directly. Any other CPU tensor inside a CUDA graph would be computed on the host
     once, while recording, and never again, so it is refused.
+
+    ``simulated``: a CPU graph run as a CUDA one by the simulator: only the ops are checked (every tensor is
+    a CPU tensor there, standing for a device one).
     """
     for node in gm.graph.nodes:
         target = node.target
@@ -486,6 +490,8 @@ def find_uncapturable(gm: torch.fx.GraphModule) -> str | None:
         dynamic = torch.Tag.dynamic_output_shape in target.tags or torch.Tag.data_dependent_output in target.tags
         if dynamic and _data_dependent(node):
             return f"{node.name} = {target} has a data-dependent output (needs a host sync)"
+    if simulated:
+        return None
     if any(_host(n) for n in gm.graph.nodes):
         problem = plan_host_work(gm).problem
         if problem is not None:

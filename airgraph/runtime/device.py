@@ -15,7 +15,8 @@ A runtime has:
 - ``pool_handle()``, ``static_buffer(tensor)`` (an input buffer for a captured graph) and
   ``capture(fn, args, pool=, stream=, device=)`` -> ``(graph, outputs)``; graphs have ``replay()``;
 - ``wrap_segment(segment, fn)``: the callable the executor calls for a lowered segment (the real runtime
-  returns ``fn`` itself; the simulator records what the segment reads and writes).
+  returns ``fn`` itself; the simulator records what the segment reads and writes); ``copy_(dst, src)`` and
+  ``reading(values)`` for GraphCapture's own copies around a replay (checked the same way).
 """
 
 from __future__ import annotations
@@ -106,6 +107,12 @@ class CudaRuntime:
 
     def wrap_segment(self, segment: Any, fn: Callable[[list], Any]) -> Callable[[list], Any]:
         return fn
+
+    def copy_(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        dst.copy_(src)
+
+    def reading(self, values: Any) -> None:
+        """``values`` are about to be read on the current stream (the simulator checks; nothing to do here)."""
 
 
 def _end_capture(graph: torch.cuda.CUDAGraph, index: int, pool: Any) -> None:

@@ -91,8 +91,8 @@ class SimEvent:
 class SimGraph:
     """A recorded function: ``replay`` runs it on the recorded arguments, into the recorded outputs."""
 
-    def __init__(self, fn: Callable[[list], Any], args: list, outputs: Any) -> None:
-        self.fn, self.args, self.outputs = fn, args, outputs
+    def __init__(self, runtime: SimulatedCuda, fn: Callable[[list], Any], args: list, outputs: Any) -> None:
+        self.runtime, self.fn, self.args, self.outputs = runtime, fn, args, outputs
         self.replays = 0
 
     def replay(self) -> None:
@@ -101,7 +101,7 @@ class SimGraph:
         for kept, new in zip(self.outputs, fresh):
             if isinstance(kept, torch.Tensor) and kept is not new:
                 with torch.no_grad():
-                    kept.copy_(new)
+                    self.runtime.copy_(kept, new)  # the recorded kernels write the recorded outputs
 
 
 class _Accesses:
@@ -179,31 +179,50 @@ class SimulatedCuda:
 
     def capture(self, fn: Callable[[list], Any], args: list, *, pool: Any, stream: SimStream, device: Any) -> tuple:
         saved = [(a, a.clone()) for a in args if isinstance(a, torch.Tensor)]
+        rng = torch.get_rng_state()  # nor does it draw random numbers
         self._recording = True  # a recording executes nothing: its accesses are not checked
         try:
             with self.use(stream):
                 outputs = fn(list(args))
         finally:
             self._recording = False
+        torch.set_rng_state(rng)
         with torch.no_grad():
             for tensor, before in saved:
                 dims = _expanded_dims(tensor)
                 _one_per_expanded(tensor, dims).copy_(_one_per_expanded(before, dims))
-        return SimGraph(fn, args, outputs), outputs
+        return SimGraph(self, fn, args, outputs), outputs
+
+    def copy_(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        stream = self.current_stream()
+        stamp = stream.tick()
+        self._access(src, stream, stamp, "a copy", write=False)
+        self._access(dst, stream, stamp, "a copy", write=True)
+        dst.copy_(src)
+
+    def reading(self, values: Any) -> None:
+        stream = self.current_stream()
+        stamp = stream.tick()
+        for value in values:
+            if isinstance(value, torch.Tensor):
+                self._access(value, stream, stamp, "the copy of a replay's outputs", write=False)
 
     # -- the checker -------------------------------------------------------------------------------------
     @contextlib.contextmanager
     def call(self) -> Iterator[None]:
         """Around one call of a compiled function: frees inside are checked, and at the end every stream's
         work must be joined into the caller's stream."""
+        before = {stream.id: stream.clock[stream.id] for stream in self.streams}
         self._in_call = True
         try:
             yield
         finally:
             self._in_call = False
         caller = self.current_stream()
-        for stream in self.streams:
-            if stream is not caller and not caller.after((stream.id, stream.clock[stream.id])):
+        for stream in self.streams:  # the streams that did work in this call
+            if stream.clock[stream.id] == before.get(stream.id, 0) or stream is caller:
+                continue
+            if not caller.after((stream.id, stream.clock[stream.id])):
                 self.problems.append(f"{stream} is not joined into {caller} when the call returns")
 
     def check(self) -> None:

@@ -53,7 +53,8 @@ def test_find_uncapturable_names_data_dependent_shapes():
 
 @dataclass
 class Target:
-    """Where a capture test runs: a real GPU, or CPU tensors with CUDA streams and graphs simulated."""
+    """Where a capture test runs: a real GPU, or CPU tensors with CUDA streams and graphs simulated (a test
+    marked `cuda` as a whole runs on the GPU only)."""
 
     device: str
     runtime: SimulatedCuda | None
@@ -145,16 +146,16 @@ def test_moved_parameter_recaptures(target):
 
 
 @pytest.mark.cuda
-def test_uncapturable_op_runs_uncaptured_with_one_log_line(caplog):
+def test_uncapturable_op_runs_uncaptured_with_one_log_line(caplog, target):
     def fn(x: torch.Tensor) -> torch.Tensor:
         return x * x.sum().item()
 
     torch._dynamo.config.capture_scalar_outputs = True
     try:
-        compiled, backend = compile_with(fn, mode="reduce-overhead", kernel_backend="aten")
+        compiled, backend = target.compile(fn, mode="reduce-overhead", kernel_backend="aten")
         with caplog.at_level(logging.INFO, logger="airgraph"):
             for _ in range(3):
-                x = torch.randn(8, device="cuda")
+                x = torch.randn(8, device=target.device)
                 assert_close(compiled(x), fn(x))
     finally:
         torch._dynamo.config.capture_scalar_outputs = False

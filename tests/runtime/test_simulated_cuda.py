@@ -8,6 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import airgraph.runtime.capture as capture_module
 from airgraph import ops, scope
 from airgraph.runtime import executor
 from airgraph.runtime.simulated import SimulatedCuda, StreamRaceError
@@ -244,3 +245,80 @@ def test_the_checker_finds_a_write_after_read_race(monkeypatch):
         compiled(torch.zeros(16), torch.ones(1))
     with pytest.raises(StreamRaceError, match=r"race: segment .* writes memory that segment"):
         sim.check()
+
+
+def alternating_replays(sim: SimulatedCuda) -> list[torch.Tensor]:
+    """Replays from two caller streams in turn: nothing but the pool orders one call's work on the graph's
+    static buffers after the previous call's."""
+    model = torch.nn.Linear(8, 8)
+    compiled, _ = compile_with(model, runtime=sim, mode="reduce-overhead", kernel_backend="aten")
+    first, second = sim.new_stream(name="caller 1"), sim.new_stream(name="caller 2")
+    outputs = []
+    with torch.no_grad():
+        for i in range(6):
+            with sim.use(first if i % 2 else second), sim.call():
+                outputs.append((compiled(x := torch.randn(2, 8)), model(x)))
+    return outputs
+
+
+def test_replays_from_two_caller_streams_are_ordered_by_the_pool():
+    sim = SimulatedCuda()
+    for got, want in alternating_replays(sim):
+        assert_close(got, want)
+    sim.check()
+
+
+def test_the_checker_finds_replays_racing_on_the_static_buffers(monkeypatch):
+    class Forgetful(dict):  # the pool forgets the last replay's stream: nothing orders the next one after it
+        def __setitem__(self, key, value) -> None:
+            pass
+
+    monkeypatch.setattr(capture_module.MemoryPool, "__init__", _forgetful_pool_init(Forgetful))
+    sim = SimulatedCuda()
+    alternating_replays(sim)
+    with pytest.raises(StreamRaceError, match=r"race: a copy on .* writes memory that"):
+        sim.check()
+
+
+def _forgetful_pool_init(table: type):
+    original = capture_module.MemoryPool.__init__
+
+    def init(self, runtime) -> None:
+        original(self, runtime)
+        self.last_stream = table()
+
+    return init
+
+
+def test_random_ops_draw_once_per_call_under_capture():
+    """A recording executes nothing, so it draws no random numbers: the compiled steps draw what eager does."""
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return x + torch.rand_like(x)
+
+    sim = SimulatedCuda()
+    x = torch.zeros(4)
+    torch.manual_seed(0)
+    want = [fn(x) for _ in range(4)]
+    compiled, backend = compile_with(fn, runtime=sim, mode="reduce-overhead", kernel_backend="aten")
+    torch.manual_seed(0)
+    got = [compiled(x) for _ in range(4)]  # the first call runs, then records; the others replay
+    assert backend.reports[0].captured
+    for g, w in zip(got, want):
+        assert_close(g, w)
+
+
+def test_a_data_dependent_op_keeps_the_graph_uncaptured_on_the_simulator_too():
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return torch.nonzero(x > 0).sum() * x
+
+    torch._dynamo.config.capture_dynamic_output_shape_ops = True
+    try:
+        calls = [(torch.randn(8),) for _ in range(3)]
+        got, backend = run_checked(fn, SimulatedCuda(), calls, mode="reduce-overhead", kernel_backend="aten")
+    finally:
+        torch._dynamo.config.capture_dynamic_output_shape_ops = False
+    for out, (x,) in zip(got, calls):
+        assert_close(out, fn(x))
+    report = backend.reports[0]
+    assert not report.captured and "aten.nonzero.default" in report.uncaptured_reason
