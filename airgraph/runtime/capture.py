@@ -118,6 +118,9 @@ class MemoryPool:
         self._handles: dict[Any, Any] = {}
         self._streams: dict[Any, Any] = {}
         self.last_stream: dict[Any, Any] = {}
+        # Storages of the static inputs (parameters, buffers) of every graph recorded in this pool: a backward
+        # graph's input that is a view of one (a weight saved for backward) is used in place too.
+        self.static_storages: set[int] = set()
 
     def handle(self, device: torch.device) -> Any:
         if device not in self._handles:
@@ -182,10 +185,10 @@ class GraphCapture:
             for a in map(args.__getitem__, self._dynamic)
         )
 
-    def _static_ptrs(self, args: list) -> list[int | None]:
+    def _static_ptrs(self, args: list, static: Sequence[int]) -> list[int | None]:
         """Per input position: the address of a static input (a parameter or buffer), None elsewhere."""
         ptrs: list[int | None] = [None] * len(args)
-        for i in self._static:
+        for i in static:
             if isinstance(args[i], torch.Tensor):
                 ptrs[i] = args[i].data_ptr()
         return ptrs
@@ -264,10 +267,9 @@ class GraphCapture:
             device_args, capture_fn = [*args, *boundary], split.device_fn
         # Non-static device inputs get buffers of their own; their contents are copied in before each replay
         # (recording reads no data, so they start uninitialized). Host work's inputs are read outside the graph.
+        static = self._static_set | self._views_of_static(args)
         static_args = [
-            a
-            if i in self._static_set or i >= len(args) or not _is_device_tensor(a, split)
-            else self._runtime.static_buffer(a)
+            a if i in static or i >= len(args) or not _is_device_tensor(a, split) else self._runtime.static_buffer(a)
             for i, a in enumerate(device_args)
         ]
         try:
@@ -285,8 +287,9 @@ class GraphCapture:
             log.warning("airgraph: graph %d runs uncaptured: %s", self._report.id, reason)
             return
         entry.graph, entry.static_args, entry.static_outputs = graph, static_args, static_outputs
-        entry.static_ptrs = self._static_ptrs(static_args)
-        entry.static_checked = [i for i in self._static if entry.static_ptrs[i] is not None]
+        entry.static_ptrs = self._static_ptrs(static_args, sorted(static))
+        entry.static_checked = [i for i in sorted(static) if entry.static_ptrs[i] is not None]
+        self._pool.static_storages.update(_storage(args[i]) for i in self._static if isinstance(args[i], torch.Tensor))
         entry.copy_indices = tuple(i for i in range(len(args)) if static_args[i] is not args[i])
         entry.expanded = {i: _expanded_dims(static_args[i]) for i in entry.copy_indices}
         entry.copy_back = tuple(i for i in self._mutated if i in entry.copy_indices)
@@ -295,6 +298,19 @@ class GraphCapture:
         entry.state = CaptureState.CAPTURED
         self._report.captured = True
         self._report.capture_keys += 1
+
+    def _views_of_static(self, args: list) -> set[int]:
+        """Inputs (not mutated) whose memory is a static input's of a graph recorded in this pool: used in place,
+        their addresses checked like the static inputs'. (A wrong guess costs a re-capture, never a result.)"""
+        storages, mutated = self._pool.static_storages, set(self._mutated)
+        return {
+            i
+            for i, a in enumerate(args)
+            if isinstance(a, torch.Tensor)
+            and i not in mutated
+            and a.untyped_storage().nbytes()
+            and _storage(a) in storages
+        }
 
     def _replay(self, entry: _Key, args: list) -> list[Any]:
         static_args, runtime = entry.static_args, self._runtime

@@ -8,7 +8,8 @@ right, and the checker finds where it is not:
 
 - **ordering**: each stream keeps a vector clock; ``wait_stream`` / ``wait_event`` merge clocks as CUDA's
   waits order work. Each segment call is an access on the current stream: it reads its input tensors and
-  writes its outputs and the inputs it mutates. Two accesses to one storage from different streams, at
+  writes its outputs and the inputs it mutates (an input whose version counter moved without the
+  executor's analysis knowing is reported too). Two accesses to one storage from different streams, at
   least one a write, must be ordered by the clocks, or it is a race (a read of memory another stream
   may not have written yet, or a write over memory another stream may still read);
 - **lifetimes**: a storage written on one stream and read on another must not be freed, inside a call
@@ -245,7 +246,13 @@ class SimulatedCuda:
             for i, value in enumerate(inputs):
                 if isinstance(value, torch.Tensor):
                     self._access(value, stream, stamp, label, write=i in written)
+            versions = [v._version if isinstance(v, torch.Tensor) else None for v in inputs]
             outputs = fn(args)
+            for i, (value, version) in enumerate(zip(inputs, versions)):
+                if version is not None and value._version != version and i not in written:
+                    # a write the executor's analysis (written_inputs) did not see: it ordered nothing for it
+                    self.problems.append(f"{label} writes its input {i} in place, unknown to the executor")
+                    self._access(value, stream, stamp, label, write=True)
             storages_in = {_storage(v) for v in inputs if isinstance(v, torch.Tensor)}
             for value in outputs if isinstance(outputs, (list, tuple)) else ():
                 if isinstance(value, torch.Tensor) and _storage(value) not in storages_in:

@@ -322,3 +322,50 @@ def test_a_data_dependent_op_keeps_the_graph_uncaptured_on_the_simulator_too():
         assert_close(out, fn(x))
     report = backend.reports[0]
     assert not report.captured and "aten.nonzero.default" in report.uncaptured_reason
+
+
+def test_weights_saved_for_backward_are_used_in_place(monkeypatch):
+    """The backward graph gets the weights as saved tensors (views of the parameters), not as parameters:
+    recognised by their memory, they are read in place instead of copied into buffers every step."""
+    captures: list[capture_module.GraphCapture] = []
+    original = capture_module.GraphCapture.__init__
+
+    def init(self, *args, **kwargs) -> None:
+        original(self, *args, **kwargs)
+        captures.append(self)
+
+    monkeypatch.setattr(capture_module.GraphCapture, "__init__", init)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+    reference = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+    reference.load_state_dict(model.state_dict())
+    sim = SimulatedCuda()
+    compiled, _ = compile_with(model, runtime=sim, mode="reduce-overhead", kernel_backend="aten")
+    for _ in range(4):
+        x = torch.randn(5, 8)
+        with sim.call():
+            compiled(x).square().sum().backward()
+        reference(x).square().sum().backward()
+        for p, q in zip(model.parameters(), reference.parameters()):
+            assert_close(p.grad, q.grad)
+            p.grad, q.grad = None, None
+    sim.check()
+    (backward,) = [c for c in captures if c._report.kind == "backward"]
+    (entry,) = backward._keys.values()
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    in_place = [i for i in entry.static_checked if entry.static_args[i].untyped_storage().data_ptr() in weights]
+    assert in_place  # the saved weights
+    assert not [i for i in entry.copy_indices if entry.static_args[i].untyped_storage().data_ptr() in weights]
+    # A weight replaced by a new tensor (new memory): forward and backward see it moved and record again.
+    new_weight = torch.randn(16, 8)
+    model[0].weight = torch.nn.Parameter(new_weight.clone())
+    reference[0].weight = torch.nn.Parameter(new_weight.clone())
+    for _ in range(3):
+        x = torch.randn(5, 8)
+        with sim.call():
+            compiled(x).square().sum().backward()
+        reference(x).square().sum().backward()
+        for p, q in zip(model.parameters(), reference.parameters()):
+            assert_close(p.grad, q.grad)
+            p.grad, q.grad = None, None
+    sim.check()
