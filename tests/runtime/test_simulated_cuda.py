@@ -341,15 +341,19 @@ def test_weights_saved_for_backward_are_used_in_place(monkeypatch):
     reference.load_state_dict(model.state_dict())
     sim = SimulatedCuda()
     compiled, _ = compile_with(model, runtime=sim, mode="reduce-overhead", kernel_backend="aten")
-    for _ in range(4):
-        x = torch.randn(5, 8)
-        with sim.call():
-            compiled(x).square().sum().backward()
-        reference(x).square().sum().backward()
-        for p, q in zip(model.parameters(), reference.parameters()):
-            assert_close(p.grad, q.grad)
-            p.grad, q.grad = None, None
-    sim.check()
+
+    def train_steps(steps: int) -> None:  # compiled and reference: same inputs, gradients equal
+        for _ in range(steps):
+            x = torch.randn(5, 8)
+            with sim.call():
+                compiled(x).square().sum().backward()
+            reference(x).square().sum().backward()
+            for p, q in zip(model.parameters(), reference.parameters()):
+                assert_close(p.grad, q.grad)
+                p.grad, q.grad = None, None
+        sim.check()
+
+    train_steps(4)
     (backward,) = [c for c in captures if c._report.kind == "backward"]
     (entry,) = backward._keys.values()
     weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
@@ -360,12 +364,4 @@ def test_weights_saved_for_backward_are_used_in_place(monkeypatch):
     new_weight = torch.randn(16, 8)
     model[0].weight = torch.nn.Parameter(new_weight.clone())
     reference[0].weight = torch.nn.Parameter(new_weight.clone())
-    for _ in range(3):
-        x = torch.randn(5, 8)
-        with sim.call():
-            compiled(x).square().sum().backward()
-        reference(x).square().sum().backward()
-        for p, q in zip(model.parameters(), reference.parameters()):
-            assert_close(p.grad, q.grad)
-            p.grad, q.grad = None, None
-    sim.check()
+    train_steps(3)
