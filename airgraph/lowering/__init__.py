@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from airgraph.lowering.partition import DEVICE, HOST, Segment, partition
+from airgraph.passes.base import aliased_base
 
 __all__ = ["DEVICE", "HOST", "KERNEL_BACKENDS", "Segment", "lower_segments", "partition"]
 
@@ -89,17 +90,25 @@ def lower_segments(
 def donated_inputs(segments: list[Segment], placeholders: list[torch.fx.Node]) -> dict[int, list[int]]:
     """Segment id -> positions of its inputs it may overwrite: AOTAutograd's donated backward buffers
     (``bw_donated_idxs``, positions among the graph's inputs: saved tensors nothing else holds), each given
-    to the segment that reads it last, at its position among that segment's inputs."""
+    to the one segment that uses its memory, at its position among that segment's inputs.
+
+    A donated input whose memory another segment also reads (the input itself or a view of it), or that a
+    segment returns a view of, is not donated: Inductor sees only its own segment, and would overwrite memory
+    that another segment, maybe on another stream, still reads."""
     context = torch._guards.TracingContext.try_get()
     graph_donated = getattr(getattr(context, "fw_metadata", None), "bw_donated_idxs", None) or []
-    last: dict[torch.fx.Node, Segment] = {}
+    users: dict[torch.fx.Node, set[int]] = {}  # memory (its base node) -> segments reading it
+    returned = {aliased_base(node) for seg in segments for node in seg.outputs}  # memory a segment hands on
     for seg in segments:
         for node in seg.inputs:
-            last[node] = seg
+            users.setdefault(aliased_base(node), set()).add(seg.id)
+    by_id = {seg.id: seg for seg in segments}
     donated: dict[int, list[int]] = {}
     for index in graph_donated:
         node = placeholders[index] if index < len(placeholders) else None
-        if node in last:
-            seg = last[node]
-            donated.setdefault(seg.id, []).append(seg.inputs.index(node))
+        if node is None or node in returned or len(users.get(node, ())) != 1:
+            continue
+        (seg_id,) = users[node]
+        if node in by_id[seg_id].inputs:
+            donated.setdefault(seg_id, []).append(by_id[seg_id].inputs.index(node))
     return donated

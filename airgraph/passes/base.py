@@ -14,6 +14,7 @@ readable line per affected node. Invariants every pass keeps:
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -103,3 +104,36 @@ def mutated_nodes(graph: torch.fx.Graph) -> set[torch.fx.Node]:
             if isinstance(arg, torch.fx.Node) and alias is not None and alias.is_write:
                 mutated.add(arg)
     return mutated
+
+
+_UNSAFE_VIEW = torch.ops.aten._unsafe_view.default  # a view, though its schema says it returns a new tensor
+
+
+def aliased_base(node: Any) -> torch.fx.Node | None:
+    """The node whose memory ``node``'s value is: followed back through view ops, elements of split/unbind
+    (getitem) and in-place ops (which return their argument) to a placeholder or the op that made the memory.
+    None for a non-node."""
+    while isinstance(node, torch.fx.Node):
+        if node.op == "placeholder":
+            return node
+        if node.target is operator.getitem and isinstance(node.args[0], torch.fx.Node):
+            node = node.args[0]  # an element of split/unbind/chunk: a view of that op's input
+            continue
+        if node.target is _UNSAFE_VIEW:
+            node = node.args[0]
+            continue
+        schema = getattr(node.target, "_schema", None)
+        returns = schema.returns if schema is not None else ()
+        if not returns or any(r.alias_info is None for r in returns):
+            return node
+        aliased = returns[0].alias_info.before_set
+        source = None
+        for index, argument in enumerate(schema.arguments):
+            if argument.alias_info is None or not argument.alias_info.before_set & aliased:
+                continue
+            source = node.args[index] if index < len(node.args) else node.kwargs.get(argument.name)
+            break
+        if not isinstance(source, torch.fx.Node):
+            return node
+        node = source
+    return None

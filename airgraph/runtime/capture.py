@@ -61,7 +61,7 @@ from __future__ import annotations
 
 import enum
 import logging
-import operator
+import weakref
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -70,6 +70,7 @@ from typing import Any
 import torch
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
+from airgraph.passes.base import aliased_base
 from airgraph.report import GraphReport
 from airgraph.runtime.device import CUDA
 from airgraph.runtime.host import HostSplit, plan_host_work
@@ -120,7 +121,7 @@ class MemoryPool:
         self.last_stream: dict[Any, Any] = {}
         # Storages of the static inputs (parameters, buffers) of every graph recorded in this pool: a backward
         # graph's input that is a view of one (a weight saved for backward) is used in place too.
-        self.static_storages: set[int] = set()
+        self.static_storages: dict[int, weakref.ref] = {}  # storage address -> a tensor using it
 
     def handle(self, device: torch.device) -> Any:
         if device not in self._handles:
@@ -161,6 +162,7 @@ class GraphCapture:
         self._static = sorted(set(static_indices))
         self._static_set = frozenset(self._static)
         self._mutated = sorted(set(mutated_indices) - self._static_set)
+        self._moved: set[int] = set()  # inputs guessed static (views of parameters) whose address changed
         self._pool = pool
         self._limit = capture_limit
         self._warmup_iters = warmup_iters
@@ -210,6 +212,7 @@ class GraphCapture:
             entry = self._keys[key] = self._new_key()
         if entry.state is CaptureState.CAPTURED:
             if self._static_moved(args, entry):
+                self._moved |= {i for i in entry.static_checked if i not in self._static_set and _moved(args, entry, i)}
                 log.info("airgraph: graph %d: a parameter or buffer moved; re-capturing", self._report.id)
                 self._report.recaptures += 1
                 entry.graph = None
@@ -289,7 +292,9 @@ class GraphCapture:
         entry.graph, entry.static_args, entry.static_outputs = graph, static_args, static_outputs
         entry.static_ptrs = self._static_ptrs(static_args, sorted(static))
         entry.static_checked = [i for i in sorted(static) if entry.static_ptrs[i] is not None]
-        self._pool.static_storages.update(_storage(args[i]) for i in self._static if isinstance(args[i], torch.Tensor))
+        self._pool.static_storages.update(
+            (_storage(args[i]), weakref.ref(args[i])) for i in self._static if isinstance(args[i], torch.Tensor)
+        )
         entry.copy_indices = tuple(i for i in range(len(args)) if static_args[i] is not args[i])
         entry.expanded = {i: _expanded_dims(static_args[i]) for i in entry.copy_indices}
         entry.copy_back = tuple(i for i in self._mutated if i in entry.copy_indices)
@@ -301,16 +306,23 @@ class GraphCapture:
 
     def _views_of_static(self, args: list) -> set[int]:
         """Inputs (not mutated) whose memory is a static input's of a graph recorded in this pool: used in place,
-        their addresses checked like the static inputs'. (A wrong guess costs a re-capture, never a result.)"""
-        storages, mutated = self._pool.static_storages, set(self._mutated)
-        return {
-            i
-            for i, a in enumerate(args)
-            if isinstance(a, torch.Tensor)
-            and i not in mutated
-            and a.untyped_storage().nbytes()
-            and _storage(a) in storages
-        }
+        their addresses checked like the static inputs'. A guess is dropped for good once its address moves
+        (a view at a changing offset), so it costs at most one re-capture, never a result."""
+        storages, skip = self._pool.static_storages, set(self._mutated) | self._moved
+        found = set()
+        for i, a in enumerate(args):
+            if (
+                not isinstance(a, torch.Tensor)
+                or i in skip
+                or i in self._static_set
+                or not a.untyped_storage().nbytes()
+            ):
+                continue
+            owner = storages.get(_storage(a))
+            owner = owner() if owner is not None else None
+            if owner is not None and _storage(owner) == _storage(a):  # still that parameter's memory
+                found.add(i)
+        return found
 
     def _replay(self, entry: _Key, args: list) -> list[Any]:
         static_args, runtime = entry.static_args, self._runtime
@@ -339,6 +351,10 @@ class GraphCapture:
         return outputs if split is None else split.assemble(outputs, values, clone_static=True)
 
 
+def _moved(args: list, entry: _Key, i: int) -> bool:
+    return args[i].data_ptr() != entry.static_ptrs[i]
+
+
 def _expanded_dims(t: Any) -> tuple[int, ...]:
     """Dimensions of ``t`` with stride 0 and size > 1 (an ``expand``): many elements, one memory location."""
     if not isinstance(t, torch.Tensor):
@@ -363,37 +379,10 @@ def views_of_inputs(gm: torch.fx.GraphModule) -> dict[int, int]:
     inputs = {n: i for i, n in enumerate(gm.graph.find_nodes(op="placeholder"))}
     views: dict[int, int] = {}
     for position, node in enumerate(gm.graph.find_nodes(op="output")[0].args[0]):
-        base = _aliased_base(node)
+        base = aliased_base(node)
         if base in inputs:
             views[position] = inputs[base]
     return views
-
-
-def _aliased_base(node: Any) -> torch.fx.Node | None:
-    """The node whose memory ``node``'s value is (a placeholder, or the last non-view op), or None."""
-    while isinstance(node, torch.fx.Node):
-        if node.op == "placeholder":
-            return node
-        if node.target is operator.getitem and isinstance(node.args[0], torch.fx.Node):
-            node = node.args[0]  # an element of split/unbind/chunk: a view of that op's input
-            continue
-        schema = getattr(node.target, "_schema", None)
-        returns = schema.returns if schema is not None else ()
-        if not returns or any(r.alias_info is None for r in returns):
-            return node
-        aliased = returns[0].alias_info.before_set
-        source = next(
-            (
-                node.args[i]
-                for i, a in enumerate(schema.arguments)
-                if i < len(node.args) and a.alias_info is not None and a.alias_info.before_set & aliased
-            ),
-            None,
-        )
-        if not isinstance(source, torch.fx.Node):
-            return node
-        node = source
-    return None
 
 
 def _output_plan(
@@ -410,10 +399,11 @@ def _output_plan(
     - (_INPUT_VIEW, i): a view of input ``i`` (``input_views``, from the FX graph), which has a static buffer:
       the same view of the caller's tensor. Only graph-level views: an output that merely occupies an input's
       buffer (an input Inductor was allowed to overwrite) is pool data like any other;
-    - (_CLONE, dense): an output alone in its storage: a copy of its elements, strides kept (nothing
-      regenerates a view from it); ``clone`` when it is dense (it keeps those strides);
-    - (_COPY, storage): outputs sharing a storage (a view and its base): the storage copied once for all of
-      them, offsets kept, so AOTAutograd regenerates the view from the base as eager would.
+    - (_CLONE, dense): an output alone in its storage whose elements do not overlap: a copy of its elements,
+      strides kept (nothing regenerates a view from it); ``clone`` when it is dense (it keeps those strides);
+    - (_COPY, storage): outputs sharing a storage (a view and its base), and overlapping ones (an expanded
+      view): the storage copied once for all of them, offsets kept, so AOTAutograd regenerates the view from
+      the base as eager would.
     """
     in_place = {
         _storage(a)
@@ -435,8 +425,20 @@ def _output_plan(
             plan.append((_COPY, _storage(out)))
     shared = Counter(how[1] for how in plan if how[0] == _COPY)
     return [
-        (_CLONE, _dense(out)) if how[0] == _COPY and shared[how[1]] == 1 else how for out, how in zip(outputs, plan)
+        (_CLONE, _dense(out)) if how[0] == _COPY and shared[how[1]] == 1 and _non_overlapping(out) else how
+        for out, how in zip(outputs, plan)
     ]
+
+
+def _non_overlapping(t: torch.Tensor) -> bool:
+    """No two elements of ``t`` share memory (each stride, smallest first, clears the span of the ones below);
+    an expanded view (stride 0) overlaps, and only a copy of its storage can keep its layout."""
+    span = 1
+    for size, stride in sorted(((n, st) for n, st in zip(t.shape, t.stride()) if n != 1), key=lambda p: p[1]):
+        if stride < span:
+            return False
+        span = stride * size
+    return True
 
 
 def _dense(t: torch.Tensor) -> bool:

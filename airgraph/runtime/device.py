@@ -22,6 +22,7 @@ A runtime has:
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -85,24 +86,15 @@ class CudaRuntime:
         index = self._index(device)
         graph = torch.cuda.CUDAGraph()
         torch.cuda.synchronize(index)
-        # capture_begin puts the device's default generator in capture mode and only a successful
-        # capture_end takes it out: after a failed capture every random op would fail. Its state is kept
-        # to put back on failure.
-        generator = torch.cuda.default_generators[index]
-        saved = generator.clone_state()
         with torch.cuda.stream(stream):
             graph.capture_begin(pool, capture_error_mode="thread_local")
             try:
-                try:
-                    outputs = fn(args)
-                except BaseException:
-                    with contextlib.suppress(Exception):  # end the capture; fn's error is the one to raise
-                        _end_capture(graph, index, pool)
-                    raise
-                _end_capture(graph, index, pool)
+                outputs = fn(args)
             except BaseException:
-                generator.graphsafe_set_state(saved)
+                with contextlib.suppress(Exception):  # end the capture; fn's error is the one to raise
+                    _end_capture(graph, index, pool)
                 raise
+            _end_capture(graph, index, pool)
         return graph, outputs
 
     def wrap_segment(self, segment: Any, fn: Callable[[list], Any]) -> Callable[[list], Any]:
@@ -116,13 +108,22 @@ class CudaRuntime:
 
 
 def _end_capture(graph: torch.cuda.CUDAGraph, index: int, pool: Any) -> None:
-    """``graph.capture_end()``; when it fails (an invalidated capture), the allocator's capture into ``pool``
-    is ended too (``capture_end`` skips that when the driver refuses the graph)."""
+    """``graph.capture_end()``. When it fails (an invalidated capture), it has skipped its own clean-up, which
+    is done here: the allocator's capture into ``pool`` is ended, and the default generator's shared state
+    is taken out of capture mode (in torch 2.11 ``capture_begin`` sets a flag on it that only a successful
+    ``capture_end`` clears; left set, every later random op and every replay of another graph using random
+    numbers fails). An empty capture on the same stream runs that begin/end pair on the same state, without
+    moving its offset or replacing the state object other graphs hold."""
     try:
         graph.capture_end()
     except BaseException:
         with contextlib.suppress(Exception):  # not open any more: nothing to end
             torch._C._cuda_endAllocateToPool(index, pool)
+        with contextlib.suppress(Exception), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "the CUDA graph is empty"
+            reset = torch.cuda.CUDAGraph()
+            reset.capture_begin(capture_error_mode="thread_local")
+            reset.capture_end()
         raise
 
 

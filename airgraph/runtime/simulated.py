@@ -199,7 +199,8 @@ class SimulatedCuda:
         stamp = stream.tick()
         self._access(src, stream, stamp, "a copy", write=False)
         self._access(dst, stream, stamp, "a copy", write=True)
-        dst.copy_(src)
+        dims = _expanded_dims(dst)  # an expanded output: its memory, once
+        _one_per_expanded(dst, dims).copy_(_one_per_expanded(src, dims))
 
     def reading(self, values: Any) -> None:
         stream = self.current_stream()

@@ -33,14 +33,35 @@ def test_a_segment_sees_its_own_positions_and_the_graph_s_are_put_back():
     assert metadata.bw_donated_idxs == [0, 2]
 
 
-def test_donated_inputs_go_to_their_last_reader_at_its_positions():
-    a, b, c, d = "a", "b", "c", "d"  # the graph's placeholders, in order
-    first = SimpleNamespace(id=0, inputs=[c, a])
-    second = SimpleNamespace(id=1, inputs=[d, a, b])  # reads a last
-    context, _ = traced_with([0, 2, 3])  # a, c, d donated
+def backward_like_graph() -> tuple[list[torch.fx.Node], dict[str, torch.fx.Node]]:
+    """Placeholders a, b, c, d; t = a view of c; the nodes by name."""
+    graph = torch.fx.Graph()
+    a, b, c, d = (graph.placeholder(name) for name in "abcd")
+    t = graph.call_function(torch.ops.aten.view.default, (c, [-1]))
+    graph.output((a, t))
+    return [a, b, c, d], {"a": a, "b": b, "c": c, "d": d, "t": t}
+
+
+def test_a_donated_input_goes_to_the_one_segment_using_its_memory_at_its_position():
+    placeholders, n = backward_like_graph()
+    first = SimpleNamespace(id=0, inputs=[n["d"], n["b"]], outputs=[])
+    second = SimpleNamespace(id=1, inputs=[n["b"], n["a"]], outputs=[])
+    context, _ = traced_with([0, 3])  # a and d donated
     with tracing(context):
-        donated = donated_inputs([first, second], [a, b, c, d])
-    assert donated == {0: [0], 1: [1, 0]}  # c (read last by the first) at 0; a at 1 and d at 0 in the second
+        donated = donated_inputs([first, second], placeholders)
+    assert donated == {1: [1], 0: [0]}  # a at position 1 of the second, d at 0 of the first
+
+
+def test_memory_another_segment_reads_or_returns_is_not_donated():
+    placeholders, n = backward_like_graph()
+    # c is read by the first segment, and its view t by the second: overwriting c would change what t reads
+    first = SimpleNamespace(id=0, inputs=[n["c"]], outputs=[])
+    second = SimpleNamespace(id=1, inputs=[n["t"], n["b"]], outputs=[])
+    # b is read by both segments; a is returned by a segment
+    third = SimpleNamespace(id=2, inputs=[n["b"], n["a"]], outputs=[n["a"]])
+    context, _ = traced_with([0, 1, 2])  # a, b and c donated
+    with tracing(context):
+        assert donated_inputs([first, second, third], placeholders) == {}
 
 
 def test_training_with_donated_buffers_matches_eager():

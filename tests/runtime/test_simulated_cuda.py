@@ -365,3 +365,40 @@ def test_weights_saved_for_backward_are_used_in_place(monkeypatch):
     model[0].weight = torch.nn.Parameter(new_weight.clone())
     reference[0].weight = torch.nn.Parameter(new_weight.clone())
     train_steps(3)
+
+
+def test_an_expanded_output_is_copied_with_its_layout():
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return (x * 2).sum(0, keepdim=True).expand(4, 8)
+
+    calls = [(torch.randn(3, 8),) for _ in range(4)]
+    got, backend = run_checked(fn, SimulatedCuda(), calls, mode="reduce-overhead", kernel_backend="aten")
+    assert backend.reports[0].captured
+    for out, (x,) in zip(got, calls):
+        assert_close(out, fn(x))
+        assert out.stride() == (0, 1)
+
+
+class Positional(torch.nn.Module):
+    """Reads a slice of a buffer at the step's offset, then (after a graph break) uses it: the second graph
+    gets a view of the buffer at a new address every step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("table", torch.randn(16, 8))
+
+    def forward(self, x: torch.Tensor, step: int) -> torch.Tensor:
+        row = self.table.narrow(0, step, 1)
+        torch._dynamo.graph_break()
+        return x * row
+
+
+def test_a_view_of_a_buffer_at_a_moving_offset_is_recaptured_once_then_copied():
+    model, sim = Positional(), SimulatedCuda()
+    compiled, backend = compile_with(model, runtime=sim, mode="reduce-overhead", kernel_backend="aten", dynamic=True)
+    for position in range(8):
+        x = torch.randn(8)
+        with sim.call():
+            assert_close(compiled(x, position), model(x, position))
+    sim.check()
+    assert sum(r.recaptures for r in backend.reports) <= 1
