@@ -22,7 +22,7 @@ import torch
 
 from airgraph import ops
 from airgraph.codegen import Emitter, compile_function, last_uses
-from airgraph.lowering.partition import Segment
+from airgraph.lowering.partition import HOST, Segment
 from airgraph.passes.host_placement import META
 from airgraph.runtime.device import CUDA
 
@@ -70,19 +70,24 @@ def build_executor(
     if streams is not None:
         keep |= streams.cross_stream_values(steps, placeholders)
         streams.fork([seg.stream for seg in steps])
+    pins: dict[torch.fx.Node, str] = {}  # host value -> its pinned copy, read by device segments only
     for step, seg in enumerate(steps):
         if streams is not None and seg.kind == "sync":
             streams.sync(seg.nodes[0], names)
             continue
         compiled = seg.compiled if runtime is None else runtime.wrap_segment(seg, seg.compiled)
-        call = f"{emitter.bind(compiled, f'segment{seg.id}')}([{', '.join(names[n] for n in seg.inputs)}])"
+        reads = [pins.get(n, names[n]) if seg.placement != HOST else names[n] for n in seg.inputs]
+        call = f"{emitter.bind(compiled, f'segment{seg.id}')}([{', '.join(reads)}])"
         line = f"{', '.join(names[n] for n in seg.outputs)}, = {call}" if seg.outputs else call
         if streams is not None:
             streams.run_on(seg, line, names)
         else:
             body.append(f"    {line}")
         for node in (n for n in seg.outputs if n in to_pin):
-            body.append(f"    {names[node]} = {emitter.bind(pinned, 'pinned')}({names[node]})")
+            # a new name: host readers and the caller (when it is a graph output) keep the value itself, which
+            # they may write to while the asynchronous copy still reads the pinned one
+            pins[node] = f"{names[node]}_pinned"
+            body.append(f"    {pins[node]} = {emitter.bind(pinned, 'pinned')}({names[node]})")
         dead = [names[n] for n in frees.get(step, ()) if n not in keep]
         if dead:
             body.append(f"    del {', '.join(dead)}")
@@ -229,8 +234,12 @@ def written_inputs(seg: Segment) -> set[torch.fx.Node]:
 
 
 def pinned(t: torch.Tensor) -> torch.Tensor:
-    """``t`` (a value the graph computed) in pinned (page-locked) memory, for an asynchronous host-to-device copy."""
-    return t if t.is_pinned() else t.pin_memory()
+    """``t`` (a value the graph computed) in pinned (page-locked) memory, for an asynchronous host-to-device copy.
+    A pinned view is copied too: it may be a view of a caller's pinned tensor, which the caller may write to
+    as soon as the call returns."""
+    if not t.is_pinned():
+        return t.pin_memory()
+    return t if t._base is None else pinned_copy(t)
 
 
 def pinned_copy(t: torch.Tensor) -> torch.Tensor:

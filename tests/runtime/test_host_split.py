@@ -15,6 +15,7 @@ from torch.fx.experimental.symbolic_shapes import ShapeEnv
 import airgraph.runtime.capture as capture_module
 import airgraph.runtime.executor as executor
 from airgraph.explainer import fake_cuda_guard
+from airgraph.lowering import lower_segments, partition
 from airgraph.passes import run_pipeline
 from airgraph.report import GraphReport
 from airgraph.runtime.capture import CaptureState, GraphCapture, MemoryPool, find_uncapturable
@@ -141,3 +142,25 @@ def test_a_host_value_of_data_dependent_shape_keeps_the_graph_uncaptured():
     assert gm.graph.find_nodes(op="call_function", target=torch.ops.aten.nonzero.default)[0].meta["placement"] == "host"
     reason = find_uncapturable(gm)
     assert reason is not None and "copies view to the device with a data-dependent shape" in reason
+
+
+def test_the_caller_gets_host_values_themselves_not_the_buffers_an_async_copy_reads(traced, monkeypatch):
+    """max-autotune: `index` is both a graph output and the source of an asynchronous copy to the device.
+    The copy reads a pinned copy of it; the caller gets the value itself and may write to it at once."""
+    gm, mode, inputs = traced
+    handed_to_copies: list[torch.Tensor] = []
+
+    def pinned(t: torch.Tensor) -> torch.Tensor:
+        copy = t.clone()  # stands for pin_memory() (fake CPU tensors cannot be pinned)
+        handed_to_copies.append(copy)
+        return copy
+
+    monkeypatch.setattr(executor, "pinned", pinned)
+    with fake_cuda_guard():
+        segments = partition(gm, streams=True)
+        lower_segments(segments, "aten", kind="inference")
+        run = executor.build_executor(gm, segments, torch.device("cuda"))
+        with mode:
+            rows, index = run(list(inputs))
+    assert handed_to_copies and rows.device.type == "cuda" and index.device.type == "cpu"
+    assert all(index is not copy for copy in handed_to_copies)
