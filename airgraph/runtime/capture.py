@@ -77,6 +77,9 @@ from airgraph.runtime.host import HostSplit, plan_host_work
 
 log = logging.getLogger("airgraph")
 
+# Re-recordings of one shape key because static inputs moved, before the key runs uncaptured for good.
+MAX_RECAPTURES = 3
+
 # all(tensors[i].data_ptr() == ptrs[i] for i in indices), in C++; bound in CUDA builds of PyTorch only.
 _PTRS_EQUAL = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)
 
@@ -101,7 +104,8 @@ class _Key:
     statics: list[Any] = field(default_factory=list)
     refill: list[tuple[torch.Tensor, Any]] = field(default_factory=list)
     expanded: dict[int, tuple[int, ...]] = field(default_factory=dict)  # copied input -> its expanded dims
-    copy_back: tuple[int, ...] = ()  # mutated inputs copied back from their buffers after a replay
+    copy_back: tuple[int, ...] = ()
+    recaptures: int = 0  # mutated inputs copied back from their buffers after a replay
     outputs: list[tuple] = field(default_factory=list)  # _output_plan
 
 
@@ -215,8 +219,17 @@ class GraphCapture:
                 self._moved |= {i for i in entry.static_checked if i not in self._static_set and _moved(args, entry, i)}
                 log.info("airgraph: graph %d: a parameter or buffer moved; re-capturing", self._report.id)
                 self._report.recaptures += 1
+                entry.recaptures += 1
                 entry.graph = None
                 entry.state, entry.warmups = CaptureState.WARMUP, self._warmup_iters - 1
+                if entry.recaptures > MAX_RECAPTURES:  # they move every call: recording would cost every call
+                    entry.state = CaptureState.UNCAPTURED
+                    reason = (
+                        f"parameters or buffers moved {entry.recaptures} times (new tensors assigned between "
+                        "calls?); this shape key runs uncaptured: update them in place (copy_) to keep replaying"
+                    )
+                    self._report.uncaptured_reason = reason
+                    log.warning("airgraph: graph %d: %s", self._report.id, reason)
             else:
                 return self._replay(entry, args)
         if entry.state is CaptureState.UNCAPTURED:

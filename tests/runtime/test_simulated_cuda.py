@@ -3,6 +3,8 @@ simulated runtime (airgraph/runtime/simulated.py), with its race checker, and co
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -402,3 +404,19 @@ def test_a_view_of_a_buffer_at_a_moving_offset_is_recaptured_once_then_copied():
             assert_close(compiled(x, position), model(x, position))
     sim.check()
     assert sum(r.recaptures for r in backend.reports) <= 1
+
+
+def test_parameters_replaced_every_call_stop_the_recordings_with_one_warning(caplog):
+    model, sim = torch.nn.Linear(4, 4), SimulatedCuda()
+    compiled, backend = compile_with(model, runtime=sim, mode="reduce-overhead", kernel_backend="aten")
+    with caplog.at_level(logging.WARNING, logger="airgraph"), torch.no_grad():
+        for _ in range(10):
+            model.weight.data = torch.randn(4, 4)  # new memory every call, the same Parameter object
+            x = torch.randn(2, 4)
+            with sim.call():
+                assert_close(compiled(x), model(x))
+    sim.check()
+    report = backend.reports[0]
+    assert report.recaptures == capture_module.MAX_RECAPTURES + 1
+    assert "update them in place" in report.uncaptured_reason
+    assert sum("moved" in r.getMessage() and r.levelno == logging.WARNING for r in caplog.records) == 1
