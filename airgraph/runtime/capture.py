@@ -104,8 +104,8 @@ class _Key:
     statics: list[Any] = field(default_factory=list)
     refill: list[tuple[torch.Tensor, Any]] = field(default_factory=list)
     expanded: dict[int, tuple[int, ...]] = field(default_factory=dict)  # copied input -> its expanded dims
-    copy_back: tuple[int, ...] = ()
-    recaptures: int = 0  # mutated inputs copied back from their buffers after a replay
+    copy_back: tuple[int, ...] = ()  # mutated inputs copied back from their buffers after a replay
+    recaptures: int = 0  # re-recordings after static inputs moved
     outputs: list[tuple] = field(default_factory=list)  # _output_plan
 
 
@@ -224,6 +224,8 @@ class GraphCapture:
                 entry.state, entry.warmups = CaptureState.WARMUP, self._warmup_iters - 1
                 if entry.recaptures > MAX_RECAPTURES:  # they move every call: recording would cost every call
                     entry.state = CaptureState.UNCAPTURED
+                    entry.static_args, entry.static_outputs, entry.outputs = [], (), []  # the pool's memory goes
+                    entry.statics, entry.refill = [], []
                     reason = (
                         f"parameters or buffers moved {entry.recaptures} times (new tensors assigned between "
                         "calls?); this shape key runs uncaptured: update them in place (copy_) to keep replaying"

@@ -49,6 +49,8 @@ def build_executor(
     multi_stream = runtime is not None and any(seg.stream is not None for seg in segments)
     # Sources of host placement's copies to the device: pinned first (module docstring).
     to_pin = {n.args[0] for n in nodes if n.op == "call_function" and n.meta.get(META) == "h2d"} if on_cuda else set()
+    # ... unless every device segment reading it also writes it (it then gets the value itself: see below)
+    to_pin = {n for n in to_pin if any(_reads_unwritten(seg, n) for seg in segments)}
 
     if len(segments) == 1 and segments[0].kind == "compute" and not multi_stream and not to_pin:
         seg = segments[0]
@@ -64,19 +66,24 @@ def build_executor(
     if placeholders:
         body.append(f"    {', '.join(names[n] for n in placeholders)}, = args")
     body.append("    args.clear()")
-    for node in (n for n in placeholders if n in to_pin):
-        body.append(f"    {names[node]} = {emitter.bind(pinned_copy, 'pinned_copy')}({names[node]})")
+    # host value -> its pinned copy, which device segments read (an asynchronous copy's source); host segments,
+    # the caller and in-place writes keep the value itself, which they may change while the copy still reads
+    pins: dict[torch.fx.Node, str] = {}
+    outputs_set = set(outputs)
+    for node in (n for n in placeholders if n in to_pin):  # the caller's tensor: always a new pinned copy
+        pins[node] = f"{names[node]}_pinned"
+        body.append(f"    {pins[node]} = {emitter.bind(pinned_copy, 'pinned_copy')}({names[node]})")
     streams = _StreamCode(emitter, body, device, runtime, priorities or {}) if multi_stream else None
     if streams is not None:
         keep |= streams.cross_stream_values(steps, placeholders)
         streams.fork([seg.stream for seg in steps])
-    pins: dict[torch.fx.Node, str] = {}  # host value -> its pinned copy, read by device segments only
     for step, seg in enumerate(steps):
         if streams is not None and seg.kind == "sync":
             streams.sync(seg.nodes[0], names)
             continue
         compiled = seg.compiled if runtime is None else runtime.wrap_segment(seg, seg.compiled)
-        reads = [pins.get(n, names[n]) if seg.placement != HOST else names[n] for n in seg.inputs]
+        written = written_inputs(seg) if pins else set()
+        reads = [names[n] if seg.placement == HOST or n in written else pins.get(n, names[n]) for n in seg.inputs]
         call = f"{emitter.bind(compiled, f'segment{seg.id}')}([{', '.join(reads)}])"
         line = f"{', '.join(names[n] for n in seg.outputs)}, = {call}" if seg.outputs else call
         if streams is not None:
@@ -84,10 +91,9 @@ def build_executor(
         else:
             body.append(f"    {line}")
         for node in (n for n in seg.outputs if n in to_pin):
-            # a new name: host readers and the caller (when it is a graph output) keep the value itself, which
-            # they may write to while the asynchronous copy still reads the pinned one
             pins[node] = f"{names[node]}_pinned"
-            body.append(f"    {pins[node]} = {emitter.bind(pinned, 'pinned')}({names[node]})")
+            pin = pinned_copy if node in outputs_set else pinned  # the caller's from now on: never shared
+            body.append(f"    {pins[node]} = {emitter.bind(pin, pin.__name__)}({names[node]})")
         dead = [names[n] for n in frees.get(step, ()) if n not in keep]
         if dead:
             body.append(f"    del {', '.join(dead)}")
@@ -231,6 +237,10 @@ def written_inputs(seg: Segment) -> set[torch.fx.Node]:
                 if isinstance(item, torch.fx.Node) and item in inputs:
                     written.add(item)
     return written
+
+
+def _reads_unwritten(seg: Segment, node: torch.fx.Node) -> bool:
+    return seg.kind == "compute" and seg.placement != HOST and node in seg.inputs and node not in written_inputs(seg)
 
 
 def pinned(t: torch.Tensor) -> torch.Tensor:

@@ -164,3 +164,46 @@ def test_the_caller_gets_host_values_themselves_not_the_buffers_an_async_copy_re
             rows, index = run(list(inputs))
     assert handed_to_copies and rows.device.type == "cuda" and index.device.type == "cpu"
     assert all(index is not copy for copy in handed_to_copies)
+
+
+def test_an_input_copied_to_the_device_and_updated_in_place_is_the_caller_s(monkeypatch):
+    """`idx` (a CPU input) is read by a device op through a copy and then updated in place (`copy_` into the
+    input, the functionalized graph's epilogue, on the device side): the update must reach the caller's
+    tensor, not a pinned copy made for the transfer."""
+
+    def fn(x: torch.Tensor, idx: torch.Tensor) -> tuple[torch.Tensor]:
+        out = x[idx] * 2
+        idx.add_(1)
+        return (out,)  # a tuple, as AOTAutograd's graphs return
+
+    sources: list[str] = []
+    real_compile = executor.compile_function
+
+    def compile_function(source: str, *args):
+        sources.append(source)
+        return real_compile(source, *args)
+
+    monkeypatch.setattr(executor, "compile_function", compile_function)
+    monkeypatch.setattr(executor, "pinned_copy", lambda t: t.clone())  # fake CPU tensors cannot be pinned
+    with fake_cuda_guard():
+        mode = FakeTensorMode(allow_non_fake_inputs=True)
+        with mode:
+            functional = torch.func.functionalize(fn, remove="mutations_and_views")
+            gm = make_fx(functional)(torch.empty(10, 3, device="cuda"), torch.zeros(4, dtype=torch.long))
+        run_pipeline(gm, context())
+        segments = partition(gm, streams=True)
+        lower_segments(segments, "aten", kind="inference")
+        executor.build_executor(gm, segments, torch.device("cuda"))
+    (source,) = sources
+    idx = names_in(source, "args")[1]
+    writer = next(line for line in source.splitlines() if "segment" in line and f"{idx}]" in line.replace(" ", ""))
+    assert f"{idx}_pinned" not in writer  # the segment writing idx gets the caller's tensor
+    # and no pinned copy is made for nothing: the only device reader writes it too, so its copy to the device
+    # reads the caller's pageable tensor (staged before the call returns) ahead of the update
+    assert f"{idx}_pinned" not in source
+
+
+def names_in(source: str, unpacked: str) -> list[str]:
+    """The names a generated function unpacks ``unpacked`` into (``v0, v1, = args``)."""
+    line = next(line for line in source.splitlines() if line.strip().endswith(f"= {unpacked}"))
+    return [name.strip() for name in line.split("=")[0].split(",") if name.strip()]
