@@ -15,6 +15,7 @@ readable line per affected node. Invariants every pass keeps:
 from __future__ import annotations
 
 import operator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -85,24 +86,23 @@ def is_graph_output(node: torch.fx.Node) -> bool:
     return any(user.op == "output" for user in node.users)
 
 
-def mutated_nodes(graph: torch.fx.Graph) -> set[torch.fx.Node]:
-    """Values some op in the graph writes to: arguments a mutable schema marks as written (``Tensor(a!)``)."""
+def mutated_nodes(nodes: torch.fx.Graph | Iterable[torch.fx.Node]) -> set[torch.fx.Node]:
+    """Values some op among ``nodes`` (a graph's, or any) writes to: arguments a mutable schema marks as
+    written (``Tensor(a!)``, ``Tensor(a!)[]``), passed by position or by keyword."""
     mutated = set()
-    for node in graph.nodes:
+    for node in nodes.nodes if isinstance(nodes, torch.fx.Graph) else nodes:
         target = node.target
         if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
             continue
         if not target._schema.is_mutable:
             continue
-        for arg, schema_arg in zip(node.args, target._schema.arguments):
-            alias = schema_arg.alias_info
-            if isinstance(arg, torch.fx.Node) and alias is not None and alias.is_write:
-                mutated.add(arg)
-        for name, arg in node.kwargs.items():
-            schema_arg = next((a for a in target._schema.arguments if a.name == name), None)
-            alias = schema_arg.alias_info if schema_arg is not None else None
-            if isinstance(arg, torch.fx.Node) and alias is not None and alias.is_write:
-                mutated.add(arg)
+        for index, argument in enumerate(target._schema.arguments):
+            if argument.alias_info is None or not argument.alias_info.is_write:
+                continue
+            value = node.args[index] if index < len(node.args) else node.kwargs.get(argument.name)
+            for item in value if isinstance(value, (list, tuple)) else (value,):
+                if isinstance(item, torch.fx.Node):
+                    mutated.add(item)
     return mutated
 
 

@@ -23,6 +23,7 @@ import torch
 from airgraph import ops
 from airgraph.codegen import Emitter, compile_function, last_uses
 from airgraph.lowering.partition import HOST, Segment
+from airgraph.passes.base import mutated_nodes
 from airgraph.passes.host_placement import META
 from airgraph.runtime.device import CUDA
 
@@ -47,10 +48,15 @@ def build_executor(
     if runtime is None and on_cuda:
         runtime = CUDA
     multi_stream = runtime is not None and any(seg.stream is not None for seg in segments)
-    # Sources of host placement's copies to the device: pinned first (module docstring).
-    to_pin = {n.args[0] for n in nodes if n.op == "call_function" and n.meta.get(META) == "h2d"} if on_cuda else set()
-    # ... unless every device segment reading it also writes it (it then gets the value itself: see below)
-    to_pin = {n for n in to_pin if any(_reads_unwritten(seg, n) for seg in segments)}
+    # Sources of host placement's copies to the device: pinned first (module docstring), unless every device
+    # segment reading one also writes it (it then gets the value itself: see below).
+    sources = {n.args[0] for n in nodes if n.op == "call_function" and n.meta.get(META) == "h2d"} if on_cuda else set()
+    written = {seg.id: written_inputs(seg) for seg in compute} if sources else {}
+    to_pin = {
+        n
+        for n in sources
+        if any(seg.placement != HOST and n in seg.inputs and n not in written[seg.id] for seg in compute)
+    }
 
     if len(segments) == 1 and segments[0].kind == "compute" and not multi_stream and not to_pin:
         seg = segments[0]
@@ -82,8 +88,8 @@ def build_executor(
             streams.sync(seg.nodes[0], names)
             continue
         compiled = seg.compiled if runtime is None else runtime.wrap_segment(seg, seg.compiled)
-        written = written_inputs(seg) if pins else set()
-        reads = [names[n] if seg.placement == HOST or n in written else pins.get(n, names[n]) for n in seg.inputs]
+        writes = written.get(seg.id, ())
+        reads = [names[n] if seg.placement == HOST or n in writes else pins.get(n, names[n]) for n in seg.inputs]
         call = f"{emitter.bind(compiled, f'segment{seg.id}')}([{', '.join(reads)}])"
         line = f"{', '.join(names[n] for n in seg.outputs)}, = {call}" if seg.outputs else call
         if streams is not None:
@@ -222,25 +228,7 @@ class _StreamCode:
 
 def written_inputs(seg: Segment) -> set[torch.fx.Node]:
     """The segment's inputs that one of its ops writes in place (a schema argument marked ``Tensor(a!)``)."""
-    inputs, written = set(seg.inputs), set()
-    for node in seg.nodes:
-        schema = getattr(node.target, "_schema", None)
-        if node.op != "call_function" or schema is None:
-            continue
-        for index, argument in enumerate(schema.arguments):
-            if argument.alias_info is None or not argument.alias_info.is_write:
-                continue
-            value = (
-                node.kwargs.get(argument.name) if argument.kwarg_only or index >= len(node.args) else node.args[index]
-            )
-            for item in value if isinstance(value, (list, tuple)) else (value,):
-                if isinstance(item, torch.fx.Node) and item in inputs:
-                    written.add(item)
-    return written
-
-
-def _reads_unwritten(seg: Segment, node: torch.fx.Node) -> bool:
-    return seg.kind == "compute" and seg.placement != HOST and node in seg.inputs and node not in written_inputs(seg)
+    return mutated_nodes(seg.nodes) & set(seg.inputs)
 
 
 def pinned(t: torch.Tensor) -> torch.Tensor:
