@@ -439,31 +439,26 @@ def _output_plan(
         else:
             plan.append((_COPY, _storage(out)))
     shared = Counter(how[1] for how in plan if how[0] == _COPY)
-    return [
-        (_CLONE, _dense(out)) if how[0] == _COPY and shared[how[1]] == 1 and _non_overlapping(out) else how
-        for out, how in zip(outputs, plan)
-    ]
+    for i, (out, how) in enumerate(zip(outputs, plan)):
+        if how[0] == _COPY and shared[how[1]] == 1:
+            non_overlapping, dense = _layout(out)
+            if non_overlapping:
+                plan[i] = (_CLONE, dense)
+    return plan
 
 
-def _non_overlapping(t: torch.Tensor) -> bool:
-    """No two elements of ``t`` share memory (each stride, smallest first, clears the span of the ones below);
-    an expanded view (stride 0) overlaps, and only a copy of its storage can keep its layout."""
-    span = 1
+def _layout(t: torch.Tensor) -> tuple[bool, bool]:
+    """(non-overlapping, dense) for ``t``'s layout, its dims taken smallest stride first. Non-overlapping: each
+    stride clears the span of the dims below it (an expanded view, stride 0, overlaps, and only a copy of its
+    storage keeps its layout). Dense: each stride is exactly that span (a permutation of a contiguous layout,
+    whose strides ``clone`` keeps)."""
+    span, dense = 1, True
     for size, stride in sorted(((n, st) for n, st in zip(t.shape, t.stride()) if n != 1), key=lambda p: p[1]):
         if stride < span:
-            return False
+            return False, False
+        dense = dense and stride == span
         span = stride * size
-    return True
-
-
-def _dense(t: torch.Tensor) -> bool:
-    """Non-overlapping and dense (a permutation of a contiguous layout): what ``clone`` keeps strides of."""
-    expected = 1
-    for size, stride in sorted(((n, st) for n, st in zip(t.shape, t.stride()) if n != 1), key=lambda p: p[1]):
-        if stride != expected:
-            return False
-        expected *= size
-    return True
+    return True, dense
 
 
 def _storage(t: torch.Tensor) -> int:
