@@ -64,6 +64,9 @@ def dynamo_export(
 
     See :func:`airgraph.export.exporter.dynamo_export` for the layout written into ``export_path`` and
     ``airgraph run EXPORT_DIR --check`` to run it with onnxruntime.
+
+    A wrapper rather than a lazy name: importing the exporter imports onnx and onnxscript (the optional
+    ``export`` extra), so ``from airgraph import dynamo_export`` (TorchAir's compat module does it) must not.
     """
     from airgraph.export.exporter import dynamo_export as _dynamo_export
 
