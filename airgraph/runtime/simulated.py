@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-from airgraph.runtime.capture import _expanded_dims, _one_per_expanded
+from airgraph.runtime.capture import _expanded_dims, _one_per_expanded, _storage
 from airgraph.runtime.executor import written_inputs
 
 __all__ = ["SimEvent", "SimGraph", "SimStream", "SimulatedCuda", "StreamRaceError"]
@@ -190,8 +190,7 @@ class SimulatedCuda:
         torch.set_rng_state(rng)
         with torch.no_grad():
             for tensor, before in saved:
-                dims = _expanded_dims(tensor)
-                _one_per_expanded(tensor, dims).copy_(_one_per_expanded(before, dims))
+                _copy_memory(tensor, before)
         return SimGraph(self, fn, args, outputs), outputs
 
     def copy_(self, dst: torch.Tensor, src: torch.Tensor) -> None:
@@ -199,8 +198,7 @@ class SimulatedCuda:
         stamp = stream.tick()
         self._access(src, stream, stamp, "a copy", write=False)
         self._access(dst, stream, stamp, "a copy", write=True)
-        dims = _expanded_dims(dst)  # an expanded output: its memory, once
-        _one_per_expanded(dst, dims).copy_(_one_per_expanded(src, dims))
+        _copy_memory(dst, src)
 
     def reading(self, values: Any) -> None:
         stream = self.current_stream()
@@ -232,8 +230,8 @@ class SimulatedCuda:
             raise StreamRaceError("\n".join(dict.fromkeys(self.problems)))
 
     def wrap_segment(self, segment: Any, fn: Callable[[list], Any]) -> Callable[[list], Any]:
-
-        written = {i for i, node in enumerate(segment.inputs) if node in written_inputs(segment)}
+        writes = written_inputs(segment)
+        written = {i for i, node in enumerate(segment.inputs) if node in writes}
         label = (
             f"segment {segment.id} ({', '.join(n.name for n in segment.nodes[:3])}{', ...' * (len(segment.nodes) > 3)})"
         )
@@ -306,5 +304,7 @@ class SimulatedCuda:
                 )
 
 
-def _storage(t: torch.Tensor) -> int:
-    return t.untyped_storage().data_ptr()
+def _copy_memory(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """``src`` into ``dst`` (same layout), an expanded one (stride 0) over the memory it really has, once."""
+    dims = _expanded_dims(dst)
+    _one_per_expanded(dst, dims).copy_(_one_per_expanded(src, dims))
