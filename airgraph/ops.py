@@ -82,11 +82,16 @@ def device_index(device: torch.device | str | int | None) -> int | None:
     return torch.device(device).index
 
 
+def cuda_index(device: torch.device | str | int | None) -> int:
+    """The CUDA device's index, the current device's where ``device`` names none."""
+    index = device_index(device)
+    return torch.cuda.current_device() if index is None else index
+
+
 def stream_for(tag: str, device: torch.device | str | int | None = None, priority: int = 0) -> torch.cuda.Stream:
     """The CUDA stream a tag names on a device (same tag, same stream; created on first use, with the priority
     of that use: the streams pass refuses a tag opened with two priorities in one graph)."""
-    index = device_index(device)
-    index = torch.cuda.current_device() if index is None else index
+    index = cuda_index(device)
     key = (tag, index)
     if key not in _streams:
         _streams[key] = torch.cuda.Stream(device=index, priority=priority)

@@ -29,9 +29,9 @@ from typing import Any
 import torch
 
 from airgraph import ops
-from airgraph.ops import device_index
+from airgraph.ops import cuda_index
 
-__all__ = ["CUDA", "CudaRuntime", "device_index"]
+__all__ = ["CUDA", "CudaRuntime"]
 
 
 class CudaRuntime:
@@ -39,19 +39,14 @@ class CudaRuntime:
 
     name = "cuda"
 
-    @staticmethod
-    def _index(device: torch.device | str | int | None) -> int:
-        index = device_index(device)
-        return torch.cuda.current_device() if index is None else index
-
     def current_stream(self, device: torch.device | None = None) -> torch.cuda.Stream:
-        return torch.cuda.current_stream(self._index(device))
+        return torch.cuda.current_stream(cuda_index(device))
 
     def side_stream(self, tag: str, device: torch.device | None = None, priority: int = 0) -> torch.cuda.Stream:
         return ops.stream_for(tag, device, priority)
 
     def new_stream(self, device: torch.device | None = None) -> torch.cuda.Stream:
-        return torch.cuda.Stream(device=self._index(device))
+        return torch.cuda.Stream(device=cuda_index(device))
 
     def use(self, stream: torch.cuda.Stream) -> contextlib.AbstractContextManager:
         return torch.cuda.stream(stream)
@@ -64,7 +59,7 @@ class CudaRuntime:
             tensor.record_stream(stream)
 
     def synchronize(self, device: torch.device | None = None) -> None:
-        torch.cuda.synchronize(self._index(device))
+        torch.cuda.synchronize(cuda_index(device))
 
     def pool_handle(self) -> Any:
         return torch.cuda.graph_pool_handle()
@@ -83,7 +78,7 @@ class CudaRuntime:
         ``thread_local`` (as CUDAGraph Trees use): CUDA calls of other threads (a DataLoader's pinning
         thread) are not affected by the capture.
         """
-        index = self._index(device)
+        index = cuda_index(device)
         graph = torch.cuda.CUDAGraph()
         torch.cuda.synchronize(index)
         with torch.cuda.stream(stream):
