@@ -195,7 +195,8 @@ def fake_cuda_guard() -> Iterator[None]:
     taken, or where the registry cannot be found (then indexing a fake CUDA tensor fails as before). No public
     API registers a CUDA device guard.
 
-    Wherever no GPU is usable (a CPU-only build, or a CUDA build on a machine without a driver) it also keeps ``torch.tensor(..., device="cuda")`` from allocating on the device while AOTAutograd traces
+    Wherever no GPU is usable (a CPU-only build, or a CUDA build on a machine without a driver) it also keeps
+    ``torch.tensor(..., device="cuda")`` from allocating on the device while AOTAutograd traces
     (``torch._C._set_only_lift_cpu_tensors``: the tensor is made on the CPU and moved by a traced op, which is
     what ``FakeTensorMode`` itself does inside its ``with`` block when no GPU is available), and turns off
     make_fx's constant propagation of one-element tensors (``proxy_tensor.CONSTANT_NUMEL_LIMIT``), which runs
