@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import importlib
 import logging
 import time
 from collections.abc import Callable
@@ -30,7 +31,7 @@ from typing import Any
 import torch
 
 from airgraph.config import CompilerConfig
-from airgraph.lowering import backend_for, lower_segments, partition
+from airgraph.lowering import Layouts, backend_for, lower_segments, partition
 from airgraph.lowering.partition import HOST
 from airgraph.passes import CompileContext, run_pipeline
 from airgraph.passes.base import mutated_nodes, target_name
@@ -80,6 +81,9 @@ class AirgraphBackend:
             from torch._functorch.partitioners import min_cut_rematerialization_partition
             from torch._inductor.decomposition import select_decomp_table
 
+            # Some of Inductor's decompositions ask its lowering module whether to decompose (max_pool2d with
+            # indices): imported by Inductor itself before it traces, so here too.
+            importlib.import_module("torch._inductor.lowering")
             decompositions = select_decomp_table()
             partition_fn = functools.partial(min_cut_rematerialization_partition, compiler="inductor")
         else:
@@ -116,6 +120,9 @@ class AirgraphBackend:
 
         runtime = self._runtime_for(device)
         segments = partition(gm, streams=runtime is not None)
+        placeholders = gm.graph.find_nodes(op="placeholder")
+        outputs = list(gm.graph.find_nodes(op="output")[0].args[0])
+        layouts = Layouts(placeholders, example_inputs)  # the strides values really have (lowering/layouts.py)
         requested = "interpreter" if config.debug.run_eagerly else config.kernel_backend
         split, uncapturable = self._plan_capture(gm, device, report)
         if self.plan_only or split:  # name the backends; this partition is not lowered
@@ -125,12 +132,11 @@ class AirgraphBackend:
             run = _planned_run(gm)
         elif split:  # reduce-overhead with host work: lowered piecewise, host work around the replay
             run = build_host_split(gm, requested, kind=kind, priorities=report.stream_priorities)
-            _report_output_strides(gm)
+            layouts.report(outputs)
         else:
-            lower_segments(segments, requested, kind=kind, placeholders=gm.graph.find_nodes(op="placeholder"))
+            lower_segments(segments, requested, kind=kind, placeholders=placeholders, layouts=layouts)
             run = build_executor(gm, segments, device, runtime=runtime, priorities=report.stream_priorities)
-            if not (len(segments) == 1 and run is segments[0].compiled):
-                _report_output_strides(gm)
+            layouts.report(outputs)
         if config.mode == "reduce-overhead" and not self.plan_only:
             run = self._capture(run, gm, device, kind, report, uncapturable)
         report.nodes = [
@@ -231,22 +237,6 @@ def _static_input_indices(kind: str) -> list[int]:
     context = torch._guards.TracingContext.try_get()
     metadata = getattr(context, "fw_metadata", None)
     return list(getattr(metadata, "static_input_indices", None) or [])
-
-
-def _report_output_strides(gm: torch.fx.GraphModule) -> None:
-    """Tell AOTAutograd the strides of the graph outputs when no single Inductor graph produced exactly them.
-
-    Inductor reports the strides of *its* graph's outputs; a segment's outputs are not the graph's. Inductor
-    keeps output strides equal to the traced ones (``keep_output_stride``), so the traced strides are true.
-    """
-    context = torch._guards.TracingContext.try_get()
-    if context is None or context.output_strides is None:
-        return
-    outputs = list(gm.graph.nodes)[-1].args[0]
-    context.output_strides.clear()
-    for node in outputs:
-        val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
-        context.output_strides.append(tuple(val.stride()) if isinstance(val, torch.Tensor) else None)
 
 
 def _planned_run(gm: torch.fx.GraphModule) -> Callable[[list], Any]:

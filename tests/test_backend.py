@@ -212,3 +212,25 @@ def test_reduce_overhead_on_cpu_runs_uncaptured_and_says_so_once(caplog):
     assert len(backend.reports) == 2
     for report in backend.reports:
         assert report.captured is False and "runs on cpu" in report.uncaptured_reason
+
+
+@pytest.mark.slow
+def test_max_pool_with_indices_in_a_fresh_process():
+    """Inductor's decomposition of max_pool2d (training: with indices) asks ``torch._inductor.lowering``, which
+    nothing had imported in a fresh process before airgraph's AOTAutograd trace did."""
+    import subprocess
+    import sys
+
+    script = """
+import torch, airgraph
+model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.MaxPool2d(3, 2, 1))
+x = torch.randn(2, 3, 9, 9)
+compiled = torch.compile(model, backend=airgraph.get_backend())
+compiled(x).sum().backward()
+grad = model[0].weight.grad.clone()
+model.zero_grad()
+model(x).sum().backward()
+torch.testing.assert_close(grad, model[0].weight.grad)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -13,10 +13,11 @@ from typing import Any
 
 import torch
 
+from airgraph.lowering.layouts import Layouts, real_outputs
 from airgraph.lowering.partition import DEVICE, HOST, Segment, partition
 from airgraph.passes.base import aliased_base
 
-__all__ = ["DEVICE", "HOST", "KERNEL_BACKENDS", "Segment", "lower_segments", "partition"]
+__all__ = ["DEVICE", "HOST", "KERNEL_BACKENDS", "Layouts", "Segment", "lower_segments", "partition"]
 
 KernelBackend = Callable[..., Callable[[list], Any]]
 KERNEL_BACKENDS: dict[str, KernelBackend] = {}
@@ -70,10 +71,16 @@ def backend_for(segment: Segment, requested: str) -> str:
 
 
 def lower_segments(
-    segments: list[Segment], requested: str, *, kind: str, placeholders: list[torch.fx.Node] | None = None
+    segments: list[Segment],
+    requested: str,
+    *,
+    kind: str,
+    placeholders: list[torch.fx.Node] | None = None,
+    layouts: Layouts | None = None,
 ) -> None:
-    """Lower every compute segment. ``placeholders`` (the graph's) let a backward segment overwrite the
-    donated inputs it reads last (see :func:`donated_inputs`); without them, none."""
+    """Lower every compute segment, in order. ``placeholders`` (the graph's) let a backward segment overwrite the
+    donated inputs it reads last (see :func:`donated_inputs`); without them, none. ``layouts`` (lowering/layouts.py)
+    carries the strides values really have from segment to segment; without it, the traced ones."""
     if requested not in KERNEL_BACKENDS:
         raise ValueError(f"unknown kernel backend {requested!r}; known: {', '.join(KERNEL_BACKENDS)}")
     compute = [seg for seg in segments if seg.kind == "compute"]
@@ -83,8 +90,16 @@ def lower_segments(
             seg.backend = seg.kind
             continue
         seg.backend = backend_for(seg, requested)
-        inputs = seg.example_inputs()
-        seg.compiled = KERNEL_BACKENDS[seg.backend](seg.gm, inputs, kind=kind, donated=donated.get(seg.id, []))
+        lower = KERNEL_BACKENDS[seg.backend]
+        inputs = layouts.inputs(seg.inputs) if layouts is not None else seg.example_inputs()
+        seg.compiled, real = real_outputs(
+            lambda inputs, seg=seg, lower=lower: lower(seg.gm, inputs, kind=kind, donated=donated.get(seg.id, [])),
+            seg.gm,
+            inputs,
+            reports=seg.backend == "inductor",
+        )
+        if layouts is not None:
+            layouts.record(seg.outputs, real)
 
 
 def donated_inputs(segments: list[Segment], placeholders: list[torch.fx.Node]) -> dict[int, list[int]]:

@@ -22,11 +22,6 @@ def compile_inductor(
     from torch._inductor import config as inductor_config
     from torch._inductor.compile_fx import compile_fx_inner
 
-    tracing = torch._guards.TracingContext.try_get()
-    if tracing is not None and tracing.output_strides is not None:
-        # Inductor reports its graph's output strides here and expects the list empty; with several segments
-        # the backend rewrites it for the whole graph afterwards (backend._report_output_strides).
-        tracing.output_strides.clear()
     with (
         inductor_config.patch({"triton.cudagraphs": False}),
         _donating((donated or []) if kind == "backward" else None),
