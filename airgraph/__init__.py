@@ -30,8 +30,8 @@ __version__ = "0.1.0"
 # public name -> (module, attribute); attribute None: the module itself
 _LAZY: dict[str, tuple[str, str | None]] = {
     "get_backend": ("airgraph.backend", "get_backend"),
-    "explain": ("airgraph.explainer", "explain"),
-    "plan": ("airgraph.explainer", "plan"),
+    "explain": ("airgraph.report.explain", "explain"),
+    "plan": ("airgraph.report.explain", "plan"),
     "scope": ("airgraph.scope", None),
     "ops": ("airgraph.ops", None),
 }

@@ -1,21 +1,26 @@
-"""The torch.compile entry: Dynamo graph -> AOTAutograd -> pass pipeline -> segments -> executor.
+"""The torch.compile entry: Dynamo graph -> AOTAutograd -> passes -> partition -> choose -> lower -> executor
+-> capture.
 
 ``get_backend(config)`` returns an :class:`AirgraphBackend`; ``torch.compile(model, backend="airgraph")``
 reaches :func:`airgraph_backend` through the ``torch_dynamo_backends`` entry point.
 
 AOTAutograd turns each Dynamo graph into functional ATen graphs: one inference graph, or a forward and
-a backward graph for training. Each of those goes through :meth:`AirgraphBackend.compile_graph`:
+a backward graph for training. Each of those goes through :meth:`AirgraphBackend.compile_graph`, which reads
+top to bottom:
 
-1. the pass pipeline (airgraph/passes) edits and annotates the graph;
-2. the graph is partitioned into segments (runs of nodes sharing placement and stream);
-3. each segment is lowered by the configured kernel backend (Inductor or direct ATen calls);
-4. the executor runs the segments in order; in reduce-overhead on CUDA, ``GraphCapture`` records and
-   replays the executor's run as CUDA graphs (host work split off around the replay: runtime/capture.py).
+1. passes (airgraph/passes): the pipeline edits and annotates the graph (streams, host placement, ...);
+2. capture plan (lowering/capture_plan.py): in reduce-overhead, whether the graph can be captured and whether
+   its host work is split off around the replay;
+3. partition (lowering/partition.py): segments, runs of nodes sharing placement and stream;
+4. choose (lowering/select.py, the seam): each segment's implementation and who chose it;
+5. lower (lowering/lower.py): each segment compiled by its kernel backend, for the strides its inputs really have;
+6. executor (runtime/executor.py): the segments in order, on their streams;
+7. capture (runtime/capture.py): in reduce-overhead, ``GraphCapture`` records and replays the executor's run as
+   CUDA graphs, one per input-shape key.
 
 ``plan_only=True`` (what ``airgraph.explain`` uses for fake inputs, e.g. ``device="cuda"`` tensors faked on a
-machine without a GPU) runs steps 1 and 2 and names each segment's kernel backend, but lowers nothing and
-captures nothing: the compiled callable runs the ATen graph on the fake inputs, so no kernel is generated or
-launched, and every report is marked ``planned``.
+machine without a GPU) runs steps 1 to 4, but lowers nothing and captures nothing: the compiled callable returns
+fake outputs shaped like the traced ones, so no kernel is generated or launched, and every report is ``planned``.
 """
 
 from __future__ import annotations
@@ -23,34 +28,44 @@ from __future__ import annotations
 import copy
 import functools
 import importlib
-import logging
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from airgraph.config import CompilerConfig
-from airgraph.lowering import Layouts, backend_for, lower_segments, partition
-from airgraph.lowering.partition import HOST
+from airgraph.graph.analysis import mutated_nodes, target_name, views_of_inputs
+from airgraph.graph.meta import SEGMENT, STREAM, placement
+from airgraph.graph.program import Segment
+from airgraph.lowering.capture_plan import CapturePlan, describe_host_split, plan_capture
+from airgraph.lowering.host_split import split_host_work
+from airgraph.lowering.layouts import Layouts
+from airgraph.lowering.lower import lower_segments
+from airgraph.lowering.partition import partition
+from airgraph.lowering.select import GraphRequest, ImplSource, choose
 from airgraph.passes import CompileContext, run_pipeline
-from airgraph.passes.base import mutated_nodes, target_name
-from airgraph.report import GraphReport, NodeReport, SegmentReport, next_graph_id
-from airgraph.runtime.capture import GraphCapture, MemoryPool, find_uncapturable, views_of_inputs
-from airgraph.runtime.device import CUDA
+from airgraph.report.schema import GraphReport, NodeReport, SegmentReport, next_graph_id
+from airgraph.runtime.capture import GraphCapture, MemoryPool, ObservedRun, ShapeKeyObserver
+from airgraph.runtime.device import DeviceRuntime, runtime_for
 from airgraph.runtime.executor import build_executor
-from airgraph.runtime.host import build_host_split, describe_host_split
+from airgraph.runtime.host import HostSplit
 
 __all__ = ["AirgraphBackend", "airgraph_backend", "get_backend"]
 
-log = logging.getLogger("airgraph")
+_cpu_capture_warned = False  # reduce-overhead on the CPU: one warning per process
 
 
 class AirgraphBackend:
     """A torch.compile backend. Holds its own copy of the config and a report per compiled ATen graph."""
 
     def __init__(
-        self, compiler_config: CompilerConfig | None = None, *, plan_only: bool = False, runtime: Any = None
+        self,
+        compiler_config: CompilerConfig | None = None,
+        *,
+        plan_only: bool = False,
+        runtime: DeviceRuntime | None = None,
     ) -> None:
         """``runtime`` (tests): a device runtime that runs CPU graphs as if they were CUDA graphs, with side
         streams and capture (``airgraph.runtime.simulated.SimulatedCuda``); None: CUDA graphs use CUDA."""
@@ -64,8 +79,12 @@ class AirgraphBackend:
         self.plan_only = plan_only
         self.dynamo_graphs = 0
         self.runtime = runtime
-        self._pool = MemoryPool(runtime or CUDA)
-        self._cpu_capture_noted = False
+        # The seam's stores (lowering/select.py): the installed static kernels and the tuning bank, when in use.
+        self.static_kernels: ImplSource | None = None
+        self.tuning: ImplSource | None = None
+        # Told of each new input-shape key of each compiled graph (static kernels record shapes there).
+        self.shape_observers: list[Callable[[GraphReport, list[Segment]], ShapeKeyObserver | None]] = []
+        self._pool = MemoryPool(runtime_for(torch.device("cuda"), runtime))
 
     def __repr__(self) -> str:
         return f"AirgraphBackend(mode={self.config.mode!r}, kernel_backend={self.config.kernel_backend!r})"
@@ -107,6 +126,7 @@ class AirgraphBackend:
         start = time.perf_counter()
         config = self.config
         device = graph_device(gm, example_inputs)
+        runtime = runtime_for(device, self.runtime)
         report = GraphReport(
             id=next_graph_id(),
             mode=config.mode,
@@ -115,73 +135,81 @@ class AirgraphBackend:
             dynamo_graph=dynamo_graph,
             planned=self.plan_only,
         )
-        ctx = CompileContext(config=config, report=report, kind=kind, device=device, example_inputs=example_inputs)
-        report.passes = run_pipeline(gm, ctx)
-
-        runtime = self._runtime_for(device)
-        segments = partition(gm, streams=runtime is not None)
+        request = GraphRequest(kind, device, config, static_kernels=self.static_kernels, tuning=self.tuning)
         placeholders = gm.graph.find_nodes(op="placeholder")
         outputs = list(gm.graph.find_nodes(op="output")[0].args[0])
         layouts = Layouts(placeholders, example_inputs)  # the strides values really have (lowering/layouts.py)
-        requested = "interpreter" if config.debug.run_eagerly else config.kernel_backend
-        split, uncapturable = self._plan_capture(gm, device, report)
-        if self.plan_only or split:  # name the backends; this partition is not lowered
-            for seg in segments:
-                seg.backend = seg.kind if seg.kind != "compute" else backend_for(seg, requested)
-        if self.plan_only:
-            run = _planned_run(gm)
-        elif split:  # reduce-overhead with host work: lowered piecewise, host work around the replay
-            run = build_host_split(gm, requested, kind=kind, priorities=report.stream_priorities)
-            layouts.report(outputs)
+
+        # 1. passes
+        ctx = CompileContext(config=config, report=report, kind=kind, device=device, example_inputs=example_inputs)
+        report.passes = run_pipeline(gm, ctx)
+        # 2. capture plan
+        plan = plan_capture(gm, mode=config.mode, device=device, can_capture=runtime.can_capture)
+        report.uncaptured_reason = plan.uncapturable if self.plan_only or not plan.capture else None
+        if plan.split:
+            report.host_prologue = describe_host_split(gm)
+        split = None
+        if plan.split and not self.plan_only:
+            # 3.-5. host work around the replay: the host pieces and the device part, each partitioned and lowered
+            program = split_host_work(gm, request, streams=runtime.has_streams)
+            segments = [*program.segments, *program.device_segments]
+            # 6. the device part's executor, inside the host work
+            device_fn = build_executor(
+                program.device_gm, program.device_segments, device, runtime=runtime, priorities=report.stream_priorities
+            )
+            run = split = HostSplit(program, device_fn)
+            input_views = views_of_inputs(program.device_gm)
         else:
-            lower_segments(segments, requested, kind=kind, placeholders=placeholders, layouts=layouts)
-            run = build_executor(gm, segments, device, runtime=runtime, priorities=report.stream_priorities)
-            layouts.report(outputs)
-        if config.mode == "reduce-overhead" and not self.plan_only:
-            run = self._capture(run, gm, device, kind, report, uncapturable)
+            # 3. partition
+            segments = partition(gm, streams=runtime.has_streams)
+            if self.plan_only:
+                # 4. choose only: nothing is lowered or run
+                for seg in segments:
+                    seg.impl = None if seg.sync else choose(seg, request)
+                run = _planned_run(gm)
+            else:
+                # 4.-5. choose and lower
+                lower_segments(segments, request, layouts=layouts, placeholders=placeholders)
+                # 6. executor
+                run = build_executor(gm, segments, device, runtime=runtime, priorities=report.stream_priorities)
+            input_views = views_of_inputs(gm)
+        layouts.report(outputs)
+        # 7. capture (reduce-overhead), or the shape-key observers of an uncaptured run
+        observer = self._observer(report, segments)
+        if plan.capture and not self.plan_only:
+            run = self._capture(run, gm, device, kind, report, plan, input_views, split, observer)
+        elif not self.plan_only:
+            if config.mode == "reduce-overhead":
+                _warn_uncaptured(device)
+            if observer is not None:
+                run = ObservedRun(run, observer, _static_input_indices(kind))
+
         report.nodes = [
             NodeReport(
                 name=node.name,
                 target=target_name(node),
-                stream=node.meta.get("stream"),
-                placement=node.meta.get("placement", "device"),
-                segment=node.meta.get("segment"),
+                stream=node.meta.get(STREAM),
+                placement=placement(node),
+                segment=node.meta.get(SEGMENT),
                 device=str(val.device) if isinstance(val := node.meta.get("val"), torch.Tensor) else None,
             )
             for node in gm.graph.nodes
         ]
         report.segments = [
-            SegmentReport(id=s.id, stream=s.stream, placement=s.placement, backend=s.backend, num_nodes=len(s.nodes))
+            SegmentReport(
+                id=s.id,
+                stream=s.stream,
+                placement=s.placement,
+                backend=s.backend,
+                num_nodes=len(s.nodes),
+                chosen_by=s.impl.chosen_by if s.impl is not None else None,
+                source=dict(s.impl.source) if s.impl is not None else {},
+            )
             for s in segments
         ]
         report.compile_seconds = time.perf_counter() - start
         self.reports.append(report)
         return run
-
-    def _plan_capture(
-        self, gm: torch.fx.GraphModule, device: torch.device, report: GraphReport
-    ) -> tuple[bool, str | None]:
-        """reduce-overhead: whether host work is split off around the CUDA graph replay (runtime/capture.py),
-        and why the graph cannot be captured (None when it can; computed once, used by ``_capture`` too).
-
-        When planning, also records what capture would do: why the graph would run uncaptured, if it would.
-        """
-        if self.config.mode != "reduce-overhead":
-            return False, None
-        if device.type == "cpu" and self.runtime is not None and not self.plan_only:  # the CUDA simulator
-            return False, find_uncapturable(gm, simulated=True)
-        if device.type != "cuda":
-            if self.plan_only:
-                report.uncaptured_reason = f"reduce-overhead captures CUDA graphs; this graph runs on {device.type}"
-            return False, None
-        reason = find_uncapturable(gm)
-        if self.plan_only:
-            report.uncaptured_reason = reason
-        has_host = any(n.meta.get("placement") == HOST for n in gm.graph.nodes)  # host ops or CPU inputs
-        if reason is not None or not has_host:
-            return False, reason
-        report.host_prologue = describe_host_split(gm)
-        return True, reason
 
     def _capture(
         self,
@@ -190,17 +218,14 @@ class AirgraphBackend:
         device: torch.device,
         kind: str,
         report: GraphReport,
-        uncapturable: str | None,
-    ) -> Callable[[list], Any]:
-        if self._runtime_for(device) is None:
-            report.uncaptured_reason = f"reduce-overhead captures CUDA graphs; this graph runs on {device.type}"
-            if not self._cpu_capture_noted:
-                self._cpu_capture_noted = True
-                log.info("airgraph: reduce-overhead on %s runs the executor uncaptured (CUDA graphs need CUDA)", device)
-            return run
-        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        plan: CapturePlan,
+        input_views: dict[int, int],
+        split: HostSplit | None,
+        observer: ShapeKeyObserver | None,
+    ) -> GraphCapture:
+        placeholders = gm.graph.find_nodes(op="placeholder")
         mutated = mutated_nodes(gm.graph)
-        capture = GraphCapture(
+        return GraphCapture(
             run,
             device=device,
             static_indices=_static_input_indices(kind),
@@ -209,16 +234,35 @@ class AirgraphBackend:
             capture_limit=self.config.reduce_overhead.capture_limit,
             warmup_iters=self.config.reduce_overhead.warmup_iters,
             report=report,
-            uncapturable=uncapturable,
-            input_views=views_of_inputs(gm),
+            uncapturable=plan.uncapturable,
+            input_views=input_views,
+            host_split=split,
+            observer=observer,
         )
-        return capture
 
-    def _runtime_for(self, device: torch.device) -> Any:
-        """The device runtime a graph on ``device`` runs its streams and captures with, or None (the CPU)."""
-        if device.type == "cuda":
-            return self.runtime or CUDA
-        return self.runtime if device.type == "cpu" else None
+    def _observer(self, report: GraphReport, segments: list[Segment]) -> ShapeKeyObserver | None:
+        observers = [o for factory in self.shape_observers if (o := factory(report, segments)) is not None]
+        if not observers:
+            return None
+        if len(observers) == 1:
+            return observers[0]
+
+        def observe(key: tuple, args: list) -> None:
+            for observer in observers:
+                observer(key, args)
+
+        return observe
+
+
+def _warn_uncaptured(device: torch.device) -> None:
+    global _cpu_capture_warned
+    if not _cpu_capture_warned:
+        _cpu_capture_warned = True
+        warnings.warn(
+            f"airgraph: reduce-overhead captures CUDA graphs; on {device.type} the executor runs uncaptured "
+            "(results are the same; there is no graph to replay)",
+            stacklevel=2,
+        )
 
 
 def graph_device(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> torch.device:

@@ -22,7 +22,7 @@ from rich.console import Console
 
 import airgraph
 from airgraph.config import CompilerConfig
-from airgraph.inspect_report import render_report
+from airgraph.report.render import render_report
 
 __all__ = ["DEMO_SETTINGS", "CliError", "build_parser", "load_example", "main"]
 
@@ -284,7 +284,7 @@ def cmd_inspect(args: argparse.Namespace, console: Console) -> int:
     status = Console(stderr=True).status(f"{what} with airgraph ({config.mode}, {config.kernel_backend})")
     with status, grad:
         if planning:
-            from airgraph.explainer import plan
+            from airgraph.report.explain import plan
 
             report = plan(fn, *fargs, device=target_device, config=config, **fkwargs)
         else:

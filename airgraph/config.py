@@ -22,8 +22,6 @@ from typing import Any
 
 __all__ = ["CompilerConfig", "Option", "OptionGroup"]
 
-_MISSING = object()
-
 
 class Option:
     """One declared option: a default, a one-line doc, and what values it accepts."""
@@ -33,20 +31,25 @@ class Option:
         default: Any,
         doc: str,
         *,
-        choices: tuple[Any, ...] | None = None,
-        kind: type | tuple[type, ...] | None = None,
+        choices: tuple[Any, ...] | Callable[[], tuple[Any, ...]] | None = None,
+        types: type | tuple[type, ...] | None = None,
         check: Callable[[Any], str | None] | None = None,
         allowed: str | None = None,
         env: str | None = None,
     ) -> None:
         self.doc = doc
-        self.choices = choices
-        self.kind = kind if kind is not None or choices is not None else type(default)
+        self._choices = choices
+        self.types = types if types is not None or choices is not None else type(default)
         self.check = check
         self.allowed = allowed
         self.env = env
         self.name = "?"
         self.default = default
+
+    @property
+    def choices(self) -> tuple[Any, ...] | None:
+        """The allowed values, or None; a callable is asked each time (a registry that lists them)."""
+        return self._choices() if callable(self._choices) else self._choices
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.name = name
@@ -56,8 +59,8 @@ class Option:
             return ", ".join(repr(c) for c in self.choices)
         if self.allowed is not None:
             return self.allowed
-        kinds = self.kind if isinstance(self.kind, tuple) else (self.kind,)
-        return " or ".join("None" if k is type(None) else k.__name__ for k in kinds)
+        types = self.types if isinstance(self.types, tuple) else (self.types,)
+        return " or ".join("None" if k is type(None) else k.__name__ for k in types)
 
     def validate(self, path: str, value: Any) -> Any:
         def bad(reason: str = "") -> ValueError:
@@ -70,11 +73,11 @@ class Option:
             if value not in self.choices:
                 raise bad()
             return value
-        kinds = self.kind if isinstance(self.kind, tuple) else (self.kind,)
+        types = self.types if isinstance(self.types, tuple) else (self.types,)
         # bool is an int subclass: an int option must not take True, a bool option must not take 1.
-        if isinstance(value, bool) and bool not in kinds:
+        if isinstance(value, bool) and bool not in types:
             raise bad("a bool is not accepted here")
-        if not isinstance(value, kinds):
+        if not isinstance(value, types):
             raise bad(f"got {type(value).__name__}")
         if self.check is not None:
             reason = self.check(value)
@@ -86,12 +89,19 @@ class Option:
         if self.env is not None and self.env in os.environ:
             raw = os.environ[self.env]
             value: Any = raw
-            if self.kind is bool:
+            if self.types is bool:
                 value = raw.strip().lower() in ("1", "true", "yes", "on")
-            elif self.kind is int:
+            elif self.types is int:
                 value = int(raw)
             return value
         return copy.deepcopy(self.default)
+
+
+def _kernel_backends() -> tuple[str, ...]:
+    """The registry's selectable kernel backends (airgraph/lowering/backends.py: no torch import)."""
+    from airgraph.lowering.backends import selectable
+
+    return selectable()
 
 
 def _positive(value: int) -> str | None:
@@ -223,14 +233,14 @@ class DebugConfig(OptionGroup):
     graph_dump = Option(
         None,
         "Folder to write the FX graph after each pass into (one subfolder per graph); None disables.",
-        kind=(str, type(None)),
+        types=(str, type(None)),
         allowed="a folder path (str) or None",
         env="AIRGRAPH_GRAPH_DUMP",
     )
     trace_path = Option(
         None,
         "airgraph.explain also profiles one more run (torch.profiler) and writes a Chrome/Perfetto trace here.",
-        kind=(str, type(None)),
+        types=(str, type(None)),
         allowed="a .json file path (str) or None",
     )
 
@@ -305,8 +315,9 @@ class CompilerConfig(OptionGroup):
     )
     kernel_backend = Option(
         "inductor",
-        "Lowers each segment: Inductor (fused Triton/C++ kernels) or direct ATen calls (fast to compile).",
-        choices=("inductor", "aten"),
+        "Lowers each segment unless the seam chooses otherwise: Inductor (fused Triton/C++ kernels) or direct "
+        "ATen calls (fast to compile).",
+        choices=_kernel_backends,
         env="AIRGRAPH_KERNEL_BACKEND",
     )
     debug = DebugConfig

@@ -255,7 +255,7 @@ def planned_counts(report: Any) -> dict[str, Any]:
 
 def plan_bench(args: argparse.Namespace) -> dict[str, Any]:
     """Both benchmarks planned for CUDA on this machine (no GPU needed), placement off and on."""
-    from airgraph.explainer import plan
+    from airgraph.report.explain import plan
 
     result: dict[str, Any] = {}
     decoder = HFStyleDecoder(512, args.dim, args.layers, 4, max_len=args.steps + 64, batch=1).eval()

@@ -8,6 +8,8 @@ import torch
 
 import airgraph
 from airgraph.backend import AirgraphBackend
+from airgraph.lowering.lower import lower_segments
+from airgraph.lowering.select import GraphRequest
 
 TOLERANCES = {
     torch.float32: {"atol": 1e-4, "rtol": 1e-4},
@@ -32,6 +34,18 @@ def compile_with(fn: Any, *, dynamic: bool | None = None, fullgraph: bool = Fals
     """``fn`` compiled with a fresh backend of these options (``runtime``: e.g. a SimulatedCuda), and the backend."""
     backend = AirgraphBackend(make_config(**options), runtime=runtime)
     return torch.compile(fn, backend=backend, dynamic=dynamic, fullgraph=fullgraph), backend
+
+
+def graph_request(backend: str = "aten", *, kind: str = "inference", device: str = "cpu") -> GraphRequest:
+    """What the backend asks the seam for a graph, with ``backend`` as the configured kernel backend
+    ("interpreter": debug.run_eagerly)."""
+    options = {"debug.run_eagerly": True} if backend == "interpreter" else {"kernel_backend": backend}
+    return GraphRequest(kind, torch.device(device), make_config(**options))
+
+
+def lower_all(segments: list, backend: str = "aten", *, kind: str = "inference", device: str = "cpu") -> None:
+    """Choose and lower every compute segment as the backend would, ``backend`` configured."""
+    lower_segments(segments, graph_request(backend, kind=kind, device=device))
 
 
 def assert_close(actual: Any, expected: Any) -> None:

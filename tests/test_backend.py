@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-import logging
+import warnings
 
 import pytest
 import torch
@@ -200,18 +200,22 @@ def test_graph_dump_writes_one_file_per_pass(tmp_path):
     assert "torch.ops.aten.sigmoid.default" in after
 
 
-def test_reduce_overhead_on_cpu_runs_uncaptured_and_says_so_once(caplog):
+def test_reduce_overhead_on_cpu_runs_uncaptured_and_says_so_once(monkeypatch):
+    import airgraph.backend
+
+    monkeypatch.setattr(airgraph.backend, "_cpu_capture_warned", False)  # once per process: this test's
     model = mlp().eval()
     compiled, backend = compile_with(model, kernel_backend="aten", mode="reduce-overhead", dynamic=False)
-    with caplog.at_level(logging.INFO, logger="airgraph"), torch.no_grad():
-        for n in (2, 3):  # two graphs (a recompile), one log line
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
+        for n in (2, 3):  # two graphs (a recompile), one warning
             x = torch.randn(n, 16)
             assert_close(compiled(x), model(x))
-    lines = [r.getMessage() for r in caplog.records if "uncaptured" in r.getMessage()]
-    assert len(lines) == 1 and "reduce-overhead on cpu" in lines[0]
+    lines = [str(w.message) for w in caught if "uncaptured" in str(w.message)]
+    assert len(lines) == 1 and "on cpu the executor runs uncaptured" in lines[0]
     assert len(backend.reports) == 2
     for report in backend.reports:
-        assert report.captured is False and "runs on cpu" in report.uncaptured_reason
+        assert not report.captured and "captures CUDA graphs" in report.uncaptured_reason
 
 
 @pytest.mark.slow

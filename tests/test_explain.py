@@ -7,7 +7,7 @@ import airgraph
 from tests.helpers import make_config
 
 NODE_KEYS = {"name", "target", "stream", "placement", "segment", "device"}
-SEGMENT_KEYS = {"id", "stream", "placement", "backend", "num_nodes"}
+SEGMENT_KEYS = {"id", "stream", "placement", "backend", "num_nodes", "chosen_by", "source"}
 PASS_KEYS = {"name", "enabled", "changed", "details"}
 
 
@@ -40,6 +40,8 @@ def test_explain_report_has_the_documented_shape():
         "placement": "device",
         "backend": "aten",
         "num_nodes": segment["num_nodes"],
+        "chosen_by": "config",
+        "source": {},
     }
     assert segment["num_nodes"] == sum(1 for n in graph["nodes"] if n["segment"] == 0)
     assert data["config"]["kernel_backend"] == "aten"

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from airgraph.explainer import explain, fake_cuda_guard, fake_inputs, plan
-from airgraph.lowering import KERNEL_BACKENDS
+from airgraph.lowering.backends import KERNEL_BACKENDS
+from airgraph.lowering.capture_plan import find_uncapturable
 from airgraph.models import build_tiny_llama, decode_inputs
 from airgraph.passes import run_pipeline
-from airgraph.runtime.capture import find_uncapturable
+from airgraph.report.explain import explain, plan
+from airgraph.report.fake import fake_cuda_guard, fake_inputs
 from tests.helpers import assert_close, compile_with, make_config
 from tests.passes.test_host_placement import context
 
@@ -23,8 +26,8 @@ def no_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*args, **kwargs):
         raise AssertionError("a planned compilation lowered a segment")
 
-    for name in list(KERNEL_BACKENDS):
-        monkeypatch.setitem(KERNEL_BACKENDS, name, refuse)
+    for name, entry in list(KERNEL_BACKENDS.items()):
+        monkeypatch.setitem(KERNEL_BACKENDS, name, dataclasses.replace(entry, fn=refuse))
 
 
 def hf_positions(hidden: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:

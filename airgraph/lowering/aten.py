@@ -15,7 +15,7 @@ from torch._guards import detect_fake_mode
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from airgraph.codegen import Emitter, compile_function, last_uses
+from airgraph.graph.codegen import Emitter, compile_function, last_uses
 
 _verified: dict[tuple, Any] = {}
 
@@ -34,14 +34,14 @@ class _FirstOp(TorchDispatchMode):
 
 
 def _signature(node: torch.fx.Node) -> tuple:
-    def kind(value: Any) -> Any:
+    def type_of(value: Any) -> Any:
         if isinstance(value, torch.fx.Node):
             return type(value.meta.get("val")).__name__
         if isinstance(value, (list, tuple)):
-            return tuple(kind(v) for v in value)
+            return tuple(type_of(v) for v in value)
         return type(value).__name__
 
-    return (node.target, kind(node.args), tuple(sorted((k, kind(v)) for k, v in node.kwargs.items())))
+    return (node.target, type_of(node.args), tuple(sorted((k, type_of(v)) for k, v in node.kwargs.items())))
 
 
 def fast_callable(node: torch.fx.Node) -> Any:

@@ -14,21 +14,21 @@ from typing import Any
 
 import torch
 
+from airgraph.lowering.request import LowerRequest
 
-def compile_inductor(
-    gm: torch.fx.GraphModule, example_inputs: list[Any], *, kind: str = "inference", donated: list[int] | None = None
-) -> Callable[[list], Any]:
-    """Compile one segment. ``donated``: positions of its inputs Inductor may overwrite (backward only)."""
+
+def compile_inductor(request: LowerRequest) -> Callable[[list], Any]:
+    """Compile one segment. ``request.options["inductor_config"]``: Inductor config patches (e.g. freezing,
+    max_autotune_gemm) chosen by the seam; ``request.donated``: inputs Inductor may overwrite (backward only)."""
     from torch._inductor import config as inductor_config
     from torch._inductor.compile_fx import compile_fx_inner
 
-    with (
-        inductor_config.patch({"triton.cudagraphs": False}),
-        _donating((donated or []) if kind == "backward" else None),
-    ):
+    kind = request.kind
+    patches = {**request.options.get("inductor_config", {}), "triton.cudagraphs": False}
+    with inductor_config.patch(patches), _donating(request.donated if kind == "backward" else None):
         compiled = compile_fx_inner(
-            gm,
-            example_inputs,
+            request.gm,
+            request.example_inputs,
             is_inference=kind == "inference",
             is_backward=kind == "backward",
             cudagraphs=False,

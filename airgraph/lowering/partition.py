@@ -8,40 +8,21 @@ segments or the graph output. Kernel backends lower these graph modules; the exe
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
+from airgraph.graph.analysis import written_inputs
+from airgraph.graph.meta import SEGMENT, STREAM, placement
+from airgraph.graph.program import Segment
 from airgraph.ops import EVENT_RECORD, EVENT_WAIT, RECORD_STREAM
 
+__all__ = ["SYNC_OPS", "partition", "subgraph"]
+
 SYNC_OPS = frozenset({EVENT_RECORD, EVENT_WAIT, RECORD_STREAM})
-DEVICE = "device"
-HOST = "host"
 
 
 def segment_key(node: torch.fx.Node) -> tuple[str, str | None]:
-    return node.meta.get("placement", DEVICE), node.meta.get("stream")
-
-
-@dataclass
-class Segment:
-    id: int
-    placement: str
-    stream: str | None
-    nodes: list[torch.fx.Node]
-    inputs: list[torch.fx.Node] = field(default_factory=list)
-    outputs: list[torch.fx.Node] = field(default_factory=list)
-    # "compute" segments are lowered by a kernel backend; a "sync" segment is one event record, event wait or
-    # record_tagged_stream that the executor performs itself.
-    kind: str = "compute"
-    gm: torch.fx.GraphModule | None = None
-    backend: str = ""
-    # Boxed callable: takes a list of input values (cleared), returns a sequence of outputs.
-    compiled: Any = None
-
-    def example_inputs(self) -> list[Any]:
-        return [node.meta.get("val") for node in self.inputs]
+    return placement(node), node.meta.get(STREAM)
 
 
 def partition(gm: torch.fx.GraphModule, *, streams: bool = True) -> list[Segment]:
@@ -54,28 +35,28 @@ def partition(gm: torch.fx.GraphModule, *, streams: bool = True) -> list[Segment
     """
     segments: list[Segment] = []
     for node in gm.graph.nodes:
-        node.meta.pop("segment", None)
+        node.meta.pop(SEGMENT, None)
     for node in gm.graph.nodes:
         if node.op in ("placeholder", "output"):
             continue
         source = node.args[0] if node.target is operator.getitem else None
-        if isinstance(source, torch.fx.Node) and "segment" in source.meta:
+        if isinstance(source, torch.fx.Node) and SEGMENT in source.meta:
             # A multi-output op's getitems live with it: a segment cannot hand a tuple to another.
-            segments[source.meta["segment"]].nodes.append(node)
-            node.meta["segment"] = source.meta["segment"]
+            segments[source.meta[SEGMENT]].nodes.append(node)
+            node.meta[SEGMENT] = source.meta[SEGMENT]
             continue
         key = segment_key(node) if streams else (segment_key(node)[0], None)
         if node.target in SYNC_OPS and not streams:
             continue
         if node.target in SYNC_OPS:
-            segments.append(Segment(id=len(segments), placement=key[0], stream=key[1], nodes=[node], kind="sync"))
-            node.meta["segment"] = segments[-1].id
+            segments.append(Segment(id=len(segments), placement=key[0], stream=key[1], nodes=[node], sync=True))
+            node.meta[SEGMENT] = segments[-1].id
             continue
         last = segments[-1] if segments else None
-        if last is None or last.kind == "sync" or (last.placement, last.stream) != key:
+        if last is None or last.sync or (last.placement, last.stream) != key:
             segments.append(Segment(id=len(segments), placement=key[0], stream=key[1], nodes=[]))
         segments[-1].nodes.append(node)
-        node.meta["segment"] = segments[-1].id
+        node.meta[SEGMENT] = segments[-1].id
 
     output_node = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
     graph_outputs = [a for a in torch.utils._pytree.tree_leaves(output_node.args[0]) if isinstance(a, torch.fx.Node)]
@@ -91,19 +72,27 @@ def partition(gm: torch.fx.GraphModule, *, streams: bool = True) -> list[Segment
         # Graph outputs first, in output order, so a lone segment's outputs are the graph's outputs.
         first = [n for n in dict.fromkeys(graph_outputs) if n in members]
         seg.outputs = first + [n for n in escaping if n not in set(first)]
-        if seg.kind == "compute":
-            seg.gm = _build_module(gm, seg)
+        seg.written = written_inputs(seg.nodes, seg.inputs)
+        if not seg.sync:
+            seg.gm = subgraph(gm, seg.inputs, seg.nodes, seg.outputs, f"Segment{seg.id}")
     return segments
 
 
-def _build_module(owner: torch.fx.GraphModule, seg: Segment) -> torch.fx.GraphModule:
+def subgraph(
+    owner: torch.fx.GraphModule,
+    inputs: list[torch.fx.Node],
+    nodes: list[torch.fx.Node],
+    outputs: list[torch.fx.Node],
+    name: str,
+) -> torch.fx.GraphModule:
+    """A graph module computing ``outputs`` (a tuple) from ``inputs`` (its placeholders) with copies of ``nodes``."""
     graph = torch.fx.Graph()
     env: dict[torch.fx.Node, torch.fx.Node] = {}
-    for node in seg.inputs:
+    for node in inputs:
         placeholder = graph.placeholder(node.name)
         placeholder.meta = dict(node.meta)
         env[node] = placeholder
-    for node in seg.nodes:
+    for node in nodes:
         env[node] = graph.node_copy(node, lambda n: env[n])
-    graph.output(tuple(env[n] for n in seg.outputs))
-    return torch.fx.GraphModule(owner, graph, class_name=f"Segment{seg.id}")
+    graph.output(tuple(env[n] for n in outputs))
+    return torch.fx.GraphModule(owner, graph, class_name=name)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from airgraph.passes.base import CompileContext, PassResult, has_side_effects, node_label
+from airgraph.graph.analysis import has_side_effects, node_label
+from airgraph.passes.base import CompileContext, PassResult
 
 
 def dead_code_elimination(gm: torch.fx.GraphModule, ctx: CompileContext) -> PassResult:

@@ -2,7 +2,7 @@
 
 A tiny op on a GPU costs a kernel launch, and when its result is needed on the host (a shape, an index, a
 Python value) a device-to-host sync as well; on the CPU it costs a few microseconds. This pass marks such
-ops ``node.meta["placement"] = "host"``; the partitioner then puts them in host segments, which run as
+ops ``node.meta[PLACEMENT] = "host"``; the partitioner then puts them in host segments, which run as
 direct ATen calls on the CPU.
 
 Rules, applied in one forward walk in graph order (so every input is decided before its consumers):
@@ -43,46 +43,31 @@ import operator
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx.experimental.symbolic_shapes import statically_known_true
-from torch.utils._pytree import tree_leaves
 
-from airgraph.passes.base import CompileContext, PassResult, has_side_effects, node_label
+from airgraph.graph.analysis import has_side_effects, node_label
+from airgraph.graph.meta import (
+    ANCHOR,
+    H2D,
+    HOST,
+    METADATA_OPS,
+    MOVED,
+    PLACEMENT,
+    STREAM,
+    is_non_blocking,
+    on_host,
+    tensors,
+    transfer_device,
+)
+from airgraph.graph.meta import HOST_PLACEMENT as META
+from airgraph.passes.base import CompileContext, PassResult
 
 aten, prims = torch.ops.aten, torch.ops.prims
 
-HOST = "host"
-# node.meta["host_placement"]: "anchor", "moved" or "h2d" (a copy this pass inserted).
-META = "host_placement"
-# Ops that read only a tensor's metadata: on the host whatever the tensor's device.
-METADATA_OPS = frozenset(
-    {aten.sym_size.int, aten.sym_stride.int, aten.sym_numel.default, aten.sym_storage_offset.default}
-)
 # Indexing ops on the device that accept CPU index tensors (and copy them to the device, blocking).
 INDEX_OPS = frozenset({aten.index.Tensor, aten.index_put.default, aten._unsafe_index.Tensor})
 _CPU = torch.device("cpu")
 _DEVICE_PUT_HAS_NON_BLOCKING = any(a.name == "non_blocking" for a in prims.device_put.default._schema.arguments)
 _READS_DEVICE = "reads a device tensor"
-
-
-def tensors(val: object) -> list[torch.Tensor]:
-    """The tensors in a node's ``meta["val"]`` (a tensor, or a tuple/list of them)."""
-    return [v for v in tree_leaves(val) if isinstance(v, torch.Tensor)]
-
-
-def on_host(node: torch.fx.Node) -> bool:
-    return node.meta.get("placement") == HOST
-
-
-def transfer_device(node: torch.fx.Node) -> torch.device | None:
-    """The target device of a device transfer (``_to_copy(device=...)``, ``prims.device_put``), else None."""
-    if node.op != "call_function":
-        return None
-    if node.target is aten._to_copy.default:
-        device = node.kwargs.get("device")
-    elif node.target is prims.device_put.default:
-        device = node.args[1] if len(node.args) > 1 else node.kwargs.get("device")
-    else:
-        return None
-    return torch.device(device) if device is not None else None
 
 
 def has_cpu_kernel(op: torch._ops.OpOverload) -> bool:
@@ -141,7 +126,7 @@ class _Walk:
         outs = tensors(node.meta.get("val"))
         if node.op in ("placeholder", "get_attr"):
             if outs and all(t.device.type == "cpu" for t in outs):
-                self.mark(node, "anchor")
+                self.mark(node, ANCHOR)
             return
         if node.op != "call_function":
             return
@@ -167,17 +152,17 @@ class _Walk:
             return
         if not outs:  # .item(), sym_size, ... of host values: computed on the host
             if inputs:
-                self.mark(node, "anchor")
+                self.mark(node, ANCHOR)
             return
         if all(t.device.type == "cpu" for t in outs):
-            self.mark(node, "anchor")
+            self.mark(node, ANCHOR)
             return
         reason = self.why_not(node, outs)
         if reason is not None:
             if inputs or node.users:
                 self.stays[node] = reason
             return
-        self.mark(node, "moved")
+        self.mark(node, MOVED)
         sizes = ", ".join(str(t.numel()) for t in outs)
         source = "host inputs" if inputs else "sizes and scalars only"
         self.moved[node] = f"{source}; output elements {sizes} <= {self.limit}"
@@ -201,9 +186,9 @@ class _Walk:
             return False
         return not isinstance(self._attr(node), torch._subclasses.FakeTensor)  # a value we can copy now
 
-    def mark(self, node: torch.fx.Node, kind: str) -> None:
-        node.meta["placement"], node.meta[META] = HOST, kind
-        if kind == "anchor":
+    def mark(self, node: torch.fx.Node, why: str) -> None:
+        node.meta[PLACEMENT], node.meta[META] = HOST, why
+        if why == ANCHOR:
             self.anchors.append(node)
         target = node.target
         random = isinstance(target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in target.tags
@@ -240,7 +225,7 @@ class _Walk:
                 continue
             for node in group:
                 del self.moved[node]
-                node.meta.pop("placement", None)
+                node.meta.pop(PLACEMENT, None)
                 node.meta.pop(META, None)
                 if node.target is not operator.getitem:
                     self.stays[node] = f"moving its group saves nothing: {ops} op(s), {copies} copy(ies) back, no sync"
@@ -253,7 +238,7 @@ class _Walk:
         """Rewrite every moved node to run on the CPU: device arguments, small constants, ``meta["val"]``."""
         for node in self.moved:
             self.device_val[node] = node.meta["val"]
-            node.meta["stream"] = None  # host work runs on no device stream
+            node.meta[STREAM] = None  # host work runs on no device stream
             if node.target is not operator.getitem:
                 for inp in node.all_input_nodes:
                     if tensors(inp.meta.get("val")) and not on_host(inp):
@@ -261,7 +246,7 @@ class _Walk:
                 _device_args_to_host(node)
             node.meta["val"] = _redevice(node.meta["val"], _CPU)
         for node in self.anchors:
-            node.meta["stream"] = None
+            node.meta[STREAM] = None
 
     def _attr(self, node: torch.fx.Node) -> object:
         value = self.gm
@@ -277,7 +262,7 @@ class _Walk:
             with self.gm.graph.inserting_after(node):
                 copy = self.gm.graph.get_attr(name)
             copy.meta["val"] = _redevice(node.meta["val"], _CPU)
-            copy.meta["placement"], copy.meta[META], copy.meta["stream"] = HOST, "anchor", None
+            copy.meta[PLACEMENT], copy.meta[META], copy.meta[STREAM] = HOST, ANCHOR, None
             self.host_consts[node] = copy
         return self.host_consts[node]
 
@@ -320,8 +305,8 @@ def _insert_copies(
             else:
                 copy = gm.graph.call_function(aten._to_copy.default, (node,), {"device": target, "non_blocking": True})
         copy.meta["val"] = walk.device_val[node] if node in walk.moved else _redevice(val, target)
-        copy.meta["stream"] = first.meta.get("stream") if first.op != "output" else None
-        copy.meta[META] = "h2d"
+        copy.meta[STREAM] = first.meta.get(STREAM) if first.op != "output" else None
+        copy.meta[META] = H2D
         copy.meta["stack_trace"] = node.meta.get("stack_trace")
         for reader in readers:
             reader.replace_input_with(node, copy)
@@ -360,8 +345,8 @@ def _hoist(gm: torch.fx.GraphModule) -> int:
             continue
         ready.add(node)
         if node in wanted:
-            node.meta["placement"], node.meta["stream"] = HOST, None
-            node.meta.setdefault(META, "anchor")
+            node.meta[PLACEMENT], node.meta[STREAM] = HOST, None
+            node.meta.setdefault(META, ANCHOR)
         if cursor is None:
             head = next(iter(gm.graph.nodes))
             if head is not node:
@@ -405,13 +390,6 @@ def _syncs_removed(walk: _Walk) -> list[str]:
         if transfer_device(node) is not None and not is_non_blocking(node):
             found.append(f"{node_label(node)}: a blocking host-to-device copy replaced by an asynchronous one")
     return found
-
-
-def is_non_blocking(node: torch.fx.Node) -> bool:
-    """A transfer's ``non_blocking`` flag."""
-    if node.target is prims.device_put.default:
-        return bool(node.args[2] if len(node.args) > 2 else node.kwargs.get("non_blocking", False))
-    return bool(node.kwargs.get("non_blocking", False))
 
 
 def host_placement(gm: torch.fx.GraphModule, ctx: CompileContext) -> PassResult:

@@ -13,7 +13,7 @@ from airgraph.passes.dce import dead_code_elimination
 from airgraph.passes.host_placement import host_placement
 from airgraph.passes.remove_noops import remove_noops
 from airgraph.passes.streams import streams
-from airgraph.report import PassReport
+from airgraph.report.schema import PassReport
 
 Pass = Callable[[torch.fx.GraphModule, CompileContext], PassResult]
 

@@ -19,7 +19,8 @@ import sys
 import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-from airgraph.passes.base import CompileContext, PassResult, is_graph_output, mutated_nodes, node_label
+from airgraph.graph.analysis import is_graph_output, mutated_nodes, node_label
+from airgraph.passes.base import CompileContext, PassResult
 
 aten = torch.ops.aten
 

@@ -18,6 +18,7 @@ import re
 
 import torch
 
+from airgraph.graph.meta import STREAM
 from airgraph.ops import EVENT_RECORD, EVENT_WAIT, RECORD_STREAM, STREAM_ENTER, STREAM_EXIT
 from airgraph.passes.base import CompileContext, PassResult
 
@@ -87,7 +88,7 @@ def streams(gm: torch.fx.GraphModule, ctx: CompileContext) -> PassResult:
             stack.pop()
             gm.graph.erase_node(node)
             continue
-        node.meta["stream"] = current
+        node.meta[STREAM] = current
         if current is not None:
             result.note(f"{node.name} -> stream {current!r}")
         if node.target is EVENT_RECORD:
@@ -104,7 +105,7 @@ def streams(gm: torch.fx.GraphModule, ctx: CompileContext) -> PassResult:
                 {
                     "tag": tag,
                     "record": record.name,
-                    "record_stream": record.meta["stream"],
+                    "record_stream": record.meta[STREAM],
                     "wait": node.name,
                     "wait_stream": current,
                 }

@@ -1,6 +1,3 @@
-"""Running compiled graphs: the executor (segments in order) and CUDA graph capture (reduce-overhead)."""
-
-from airgraph.runtime.capture import CaptureState, GraphCapture, MemoryPool, find_uncapturable
-from airgraph.runtime.executor import build_executor
-
-__all__ = ["CaptureState", "GraphCapture", "MemoryPool", "build_executor", "find_uncapturable"]
+"""Runs what lowering produced: the device runtimes (device.py: CUDA, the CPU, and the simulator in simulated.py),
+the executor (executor.py), reduce-overhead's capture and replay (capture.py) and the host work around a replay
+(host.py). Imports nothing from airgraph/passes or airgraph/lowering: it never builds or lowers a graph."""

@@ -35,7 +35,8 @@ same logic on the CPU for the tests of a machine without a GPU.
 
 Host work (ops that host placement put on the CPU, passes/host_placement.py) cannot be captured: a CUDA
 graph records device work only, and a host value read by a kernel would be frozen at its recording value.
-The graph is therefore cut in three (``runtime.host.HostSplit``), each piece lowered on its own:
+The graph is therefore cut in three (lowering/host_split.py, run by ``runtime.host.HostSplit``), each piece
+lowered on its own:
 
 - **static host work** depends on the shape key alone (SymInt inputs, sizes, constants; never on the data
   of a CPU input, never random). It runs once per key, when the key is recorded; its results are kept with
@@ -54,7 +55,7 @@ them). Results therefore equal the uncaptured run, which equals eager. (In reduc
 also sends per-call CPU scalars that kernels read, such as the floats Dynamo passes as inputs with
 ``dynamic=True``, through such a copy.) A graph whose device work reads a per-call host value any other way
 (a SymInt or Python number computed from input data, a CPU tensor a kernel reads directly) is refused by
-:func:`find_uncapturable` and runs uncaptured.
+:func:`airgraph.lowering.capture_plan.find_uncapturable` and runs uncaptured.
 """
 
 from __future__ import annotations
@@ -65,15 +66,12 @@ import weakref
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
-from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
-from airgraph.passes.base import aliased_base
-from airgraph.report import GraphReport
-from airgraph.runtime.device import CUDA
-from airgraph.runtime.host import HostSplit, plan_host_work
+from airgraph.runtime.device import CUDA, DeviceRuntime
+from airgraph.runtime.host import HostSplit, refill
 
 log = logging.getLogger("airgraph")
 
@@ -118,7 +116,7 @@ class MemoryPool:
     after it (graphs of the pool share its memory).
     """
 
-    def __init__(self, runtime: Any = CUDA) -> None:
+    def __init__(self, runtime: DeviceRuntime = CUDA) -> None:
         self.runtime = runtime
         self._handles: dict[Any, Any] = {}
         self._streams: dict[Any, Any] = {}
@@ -138,8 +136,51 @@ class MemoryPool:
         return self._streams[device]
 
 
+ShapeKeyObserver = Callable[[tuple, list], None]  # (the new key, the arguments of its first call)
+
+
+def input_key(args: list, positions: Sequence[int]) -> tuple:
+    """The input-shape key: dtype, sizes, strides and device of every tensor input at ``positions`` (the
+    non-static ones), the value of every other input there."""
+    return tuple(
+        (a.dtype, a.shape, a.stride(), a.device) if isinstance(a, torch.Tensor) else a
+        for a in map(args.__getitem__, positions)
+    )
+
+
+class ObservedRun:
+    """A boxed callable telling an observer of each new input-shape key once, with that call's arguments: what
+    GraphCapture does for its keys, for a graph that is not captured (max-autotune, the CPU)."""
+
+    def __init__(self, run: Callable[[list], Any], observer: ShapeKeyObserver, static_indices: Sequence[int]) -> None:
+        self._boxed_call = True  # an instance attribute, as GraphCapture's
+        self._run, self._observer = run, observer
+        self._static = frozenset(static_indices)
+        self._positions: list[int] | None = None
+        self._seen: set[tuple] = set()
+
+    def __call__(self, args: list) -> Any:
+        if self._positions is None:
+            self._positions = [i for i in range(len(args)) if i not in self._static]
+        key = input_key(args, self._positions)
+        if key not in self._seen:
+            self._seen.add(key)
+            self._observer(key, args)
+        return self._run(args)
+
+
+class CaptureReport(Protocol):
+    """What GraphCapture keeps up to date in the graph's report (explain/report.py's GraphReport)."""
+
+    id: int
+    captured: bool
+    capture_keys: int
+    recaptures: int
+    uncaptured_reason: str | None
+
+
 class GraphCapture:
-    """Wraps a boxed executor; records and replays it per input-shape key."""
+    """Wraps a boxed executor (or a :class:`HostSplit`); records and replays it per input-shape key."""
 
     def __init__(
         self,
@@ -151,17 +192,22 @@ class GraphCapture:
         pool: MemoryPool,
         capture_limit: int,
         warmup_iters: int,
-        report: GraphReport,
+        report: CaptureReport,
         uncapturable: str | None = None,
         input_views: dict[int, int] | None = None,
+        host_split: HostSplit | None = None,
+        observer: ShapeKeyObserver | None = None,
     ) -> None:
-        """``input_views``: graph output position -> input position for outputs that are views of inputs
-        (:func:`views_of_inputs` of the graph ``run`` executes; a HostSplit's device part is read here)."""
+        """``input_views``: graph output position -> input position for outputs that are views of inputs (of the
+        graph ``run`` executes: with ``host_split``, its device part's). ``host_split``: ``run`` is this HostSplit,
+        whose host work runs around the replay. ``observer(key, args)`` is told of each new shape key, once, with
+        the first call's arguments (before they are used: static kernels record shapes there)."""
         # AOTAutograd passes the inputs as one list. An instance attribute: AOTAutograd wraps the backward's
         # callable (torch._dynamo.disable, functools.wraps), which copies the instance's __dict__ only.
         self._boxed_call = True
         self._run = run
-        self._split = run if isinstance(run, HostSplit) else None
+        self._split = host_split
+        self._observer = observer
         self.device = device
         self._static = sorted(set(static_indices))
         self._static_set = frozenset(self._static)
@@ -183,13 +229,9 @@ class GraphCapture:
 
     # -- keys --------------------------------------------------------------------------------------------
     def _key(self, args: list) -> tuple:
-        """dtype, sizes, strides and device of every non-static tensor input; the value of every other input."""
         if self._dynamic is None:
             self._dynamic = [i for i in range(len(args)) if i not in self._static_set]
-        return tuple(
-            (a.dtype, a.shape, a.stride(), a.device) if isinstance(a, torch.Tensor) else a
-            for a in map(args.__getitem__, self._dynamic)
-        )
+        return input_key(args, self._dynamic)
 
     def _static_ptrs(self, args: list, static: Sequence[int]) -> list[int | None]:
         """Per input position: the address of a static input (a parameter or buffer), None elsewhere."""
@@ -214,6 +256,8 @@ class GraphCapture:
         entry = self._keys.get(key)
         if entry is None:
             entry = self._keys[key] = self._new_key()
+            if self._observer is not None:
+                self._observer(key, args)
         if entry.state is CaptureState.CAPTURED:
             if self._static_moved(args, entry):
                 self._moved |= {i for i in entry.static_checked if i not in self._static_set and _moved(args, entry, i)}
@@ -313,8 +357,7 @@ class GraphCapture:
         entry.copy_indices = tuple(i for i in range(len(args)) if static_args[i] is not args[i])
         entry.expanded = {i: _expanded_dims(static_args[i]) for i in entry.copy_indices}
         entry.copy_back = tuple(i for i in self._mutated if i in entry.copy_indices)
-        views = self._input_views if split is None else views_of_inputs(split.device_gm)
-        entry.outputs = _output_plan(static_outputs, static_args, len(args), entry.copy_indices, views)
+        entry.outputs = _output_plan(static_outputs, static_args, len(args), entry.copy_indices, self._input_views)
         entry.state = CaptureState.CAPTURED
         self._report.captured = True
         self._report.capture_keys += 1
@@ -350,7 +393,7 @@ class GraphCapture:
         if split is not None:  # the host prologue, then its values into the graph's buffers
             values = [*args, *entry.statics, *split.run_per_call(args, entry.statics)]
             for buffer, transfer in entry.refill:
-                transfer.refill(buffer, values[transfer.source])
+                refill(transfer, buffer, values[transfer.source])
         for i in entry.copy_indices:
             buffer, a = static_args[i], args[i]
             if buffer.data_ptr() != a.data_ptr():
@@ -386,18 +429,6 @@ def _one_per_expanded(t: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
 
 # How each output of a replay reaches the caller (see the module docstring):
 _KEEP, _INPUT_VIEW, _CLONE, _COPY = "keep", "input view", "clone", "copy"
-
-
-def views_of_inputs(gm: torch.fx.GraphModule) -> dict[int, int]:
-    """Graph output position -> input position, for each output that is a view of an input (or the input):
-    followed back through view ops (and in-place ops, which return their argument) in the FX graph."""
-    inputs = {n: i for i, n in enumerate(gm.graph.find_nodes(op="placeholder"))}
-    views: dict[int, int] = {}
-    for position, node in enumerate(gm.graph.find_nodes(op="output")[0].args[0]):
-        base = aliased_base(node)
-        if base in inputs:
-            views[position] = inputs[base]
-    return views
 
 
 def _output_plan(
@@ -495,54 +526,3 @@ def _is_device_tensor(value: Any, split: HostSplit | None) -> bool:
     if not isinstance(value, torch.Tensor):
         return False
     return split is None or value.device.type != "cpu"
-
-
-def find_uncapturable(gm: torch.fx.GraphModule, *, simulated: bool = False) -> str | None:
-    """Why this CUDA graph cannot be recorded as one CUDA graph, naming the first offending op, or None.
-
-    Ops with data-dependent output shapes or that read a device value on the host need a sync, which
-    capture forbids (these are named first: they are what a user changes). Host work that host placement
-    put on the CPU is fine: it runs around the replay (module docstring), unless device work reads one of
-    its per-call values directly. Any other CPU tensor inside a CUDA graph would be computed on the host
-    once, while recording, and never again, so it is refused.
-
-    ``simulated``: a CPU graph run as a CUDA one by the simulator: only the ops are checked (every tensor is
-    a CPU tensor there, standing for a device one).
-    """
-    for node in gm.graph.nodes:
-        target = node.target
-        if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload) or _host(node):
-            continue
-        if target is torch.ops.aten._local_scalar_dense.default:
-            return f"{node.name} = {target} reads a device value on the host (.item(), a host sync)"
-        dynamic = torch.Tag.dynamic_output_shape in target.tags or torch.Tag.data_dependent_output in target.tags
-        if dynamic and _data_dependent(node):
-            return f"{node.name} = {target} has a data-dependent output (needs a host sync)"
-    if simulated:
-        return None
-    if any(_host(n) for n in gm.graph.nodes):
-        problem = plan_host_work(gm).problem
-        if problem is not None:
-            return problem
-    for node in gm.graph.nodes:
-        val = node.meta.get("val")
-        if not isinstance(val, torch.Tensor) or val.device.type != "cpu" or _host(node):
-            continue
-        if node.op == "placeholder":  # even a 0-dim one: a kernel would keep the value it had when recorded
-            return f"input {node.name} is a CPU tensor inside a CUDA graph"
-        if val.dim() > 0:
-            return f"{node.name} = {node.target} is a CPU tensor inside a CUDA graph"
-    return None
-
-
-def _data_dependent(node: torch.fx.Node) -> bool:
-    """A node of an op that *may* depend on data (``index`` with a bool mask, ``nonzero``) that here does: its
-    traced value has sizes no input determines (unbacked SymInts), or is unknown."""
-    val = node.meta.get("val")
-    if val is None:
-        return True
-    return bool(free_unbacked_symbols(val))
-
-
-def _host(node: torch.fx.Node) -> bool:
-    return node.meta.get("placement") == "host"

@@ -6,38 +6,69 @@ other is :class:`airgraph.runtime.simulated.SimulatedCuda`: streams, events and 
 with a happens-before checker, so the CUDA-only logic (forks, joins, waits, lifetimes, capture and replay)
 runs and is checked for races on a machine without a GPU.
 
-A runtime has:
-
-- ``current_stream(device)``, ``side_stream(tag, device, priority)`` (same tag and device, same stream),
-  ``new_stream(device)``, ``use(stream)`` (a context manager making it current), ``new_event()``; streams
-  have ``wait_stream(other)`` and ``wait_event(event)``, events ``record(stream)``;
-- ``record_stream(tensor, stream)``, ``synchronize(device)``;
-- ``pool_handle()``, ``static_buffer(tensor)`` (an input buffer for a captured graph) and
-  ``capture(fn, args, pool=, stream=, device=)`` -> ``(graph, outputs)``; graphs have ``replay()``;
-- ``wrap_segment(segment, fn)``: the callable the executor calls for a lowered segment (the real runtime
-  returns ``fn`` itself; the simulator records what the segment reads and writes); ``copy_(dst, src)`` and
-  ``reading(values)`` for GraphCapture's own copies around a replay (checked the same way).
+Every runtime implements :class:`DeviceRuntime` (a typed Protocol): :data:`CUDA`, :data:`CPU` (no device
+streams and no graphs: the executor runs segments in order; ``time`` is ``perf_counter``) and the simulator.
 """
 
 from __future__ import annotations
 
 import contextlib
+import statistics
+import time
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
 from airgraph import ops
 from airgraph.ops import cuda_index
 
-__all__ = ["CUDA", "CudaRuntime"]
+__all__ = ["CPU", "CUDA", "CpuRuntime", "CudaRuntime", "DeviceRuntime", "runtime_for"]
+
+
+@runtime_checkable
+class DeviceRuntime(Protocol):
+    """What the executor, GraphCapture and the tuner ask of a device."""
+
+    has_streams: bool  # side streams are real (segments split at stream changes, the executor forks and joins)
+    can_capture: bool  # reduce-overhead records graphs and replays them
+
+    # -- streams and events: streams have wait_stream(other) and wait_event(event); events record(stream)
+    def current_stream(self, device: torch.device | None = None) -> Any: ...
+    def side_stream(self, tag: str, device: torch.device | None = None, priority: int = 0) -> Any:
+        """Same tag and device, same stream."""
+
+    def new_stream(self, device: torch.device | None = None) -> Any: ...
+    def use(self, stream: Any) -> contextlib.AbstractContextManager:
+        """Make ``stream`` current for the duration."""
+
+    def new_event(self) -> Any: ...
+    def record_stream(self, tensor: torch.Tensor, stream: Any) -> None: ...
+
+    # -- graphs and their memory pool: graphs have replay()
+    def pool_handle(self) -> Any: ...
+    def static_buffer(self, t: torch.Tensor) -> torch.Tensor:
+        """An input buffer for a captured graph, laid out like ``t``."""
+
+    def capture(self, fn: Callable[[list], Any], args: list, *, pool: Any, stream: Any, device: torch.device) -> tuple:
+        """Record ``fn(args)`` into a new graph allocating from ``pool``: ``(graph, outputs)``."""
+
+    # -- checked work: the simulator records what each call reads and writes; the real runtimes just do it
+    def wrap_segment(self, segment: Any, fn: Callable[[list], Any]) -> Callable[[list], Any]: ...
+    def copy_(self, dst: torch.Tensor, src: torch.Tensor) -> None: ...
+    def reading(self, values: Any) -> None: ...
+
+    # -- measuring a candidate (tuning)
+    def time(self, fn: Callable[[list], Any], args: list, iters: int) -> float:
+        """Median seconds of one ``fn(list(args))`` call over ``iters`` calls, after one warm-up call."""
 
 
 class CudaRuntime:
-    """CUDA itself (see the module docstring for the interface)."""
+    """CUDA itself (see :class:`DeviceRuntime`)."""
 
-    name = "cuda"
+    has_streams = True
+    can_capture = True
 
     def current_stream(self, device: torch.device | None = None) -> torch.cuda.Stream:
         return torch.cuda.current_stream(cuda_index(device))
@@ -57,9 +88,6 @@ class CudaRuntime:
     def record_stream(self, tensor: torch.Tensor, stream: torch.cuda.Stream) -> None:
         if tensor.is_cuda:
             tensor.record_stream(stream)
-
-    def synchronize(self, device: torch.device | None = None) -> None:
-        torch.cuda.synchronize(cuda_index(device))
 
     def pool_handle(self) -> Any:
         return torch.cuda.graph_pool_handle()
@@ -101,6 +129,20 @@ class CudaRuntime:
     def reading(self, values: Any) -> None:
         """``values`` are about to be read on the current stream (the simulator checks; nothing to do here)."""
 
+    def time(self, fn: Callable[[list], Any], args: list, iters: int) -> float:
+        """CUDA events around each call on the current stream: device time, not the host's."""
+        fn(list(args))
+        times = []
+        stream = torch.cuda.current_stream()
+        for _ in range(iters):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record(stream)
+            fn(list(args))
+            end.record(stream)
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        return statistics.median(times)
+
 
 def _end_capture(graph: torch.cuda.CUDAGraph, index: int, pool: Any) -> None:
     """``graph.capture_end()``. When it fails (an invalidated capture), it has skipped its own clean-up, which
@@ -122,4 +164,82 @@ def _end_capture(graph: torch.cuda.CUDAGraph, index: int, pool: Any) -> None:
         raise
 
 
+class _NoStream:
+    """The CPU's one stream: work is ordered by program order, so there is nothing to wait for."""
+
+    def wait_stream(self, other: Any) -> None:
+        pass
+
+    def wait_event(self, event: Any) -> None:
+        pass
+
+
+class _NoEvent:
+    def record(self, stream: Any = None) -> None:
+        pass
+
+
+class CpuRuntime:
+    """The CPU: one implicit stream, no graphs (reduce-overhead runs the executor uncaptured)."""
+
+    has_streams = False
+    can_capture = False
+    _stream = _NoStream()
+
+    def current_stream(self, device: torch.device | None = None) -> _NoStream:
+        return self._stream
+
+    def side_stream(self, tag: str, device: torch.device | None = None, priority: int = 0) -> _NoStream:
+        return self._stream
+
+    def new_stream(self, device: torch.device | None = None) -> _NoStream:
+        return self._stream
+
+    def use(self, stream: Any) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
+
+    def new_event(self) -> _NoEvent:
+        return _NoEvent()
+
+    def record_stream(self, tensor: torch.Tensor, stream: Any) -> None:
+        pass
+
+    def pool_handle(self) -> None:
+        return None
+
+    def static_buffer(self, t: torch.Tensor) -> torch.Tensor:
+        return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+
+    def capture(self, fn: Callable[[list], Any], args: list, *, pool: Any, stream: Any, device: torch.device) -> tuple:
+        raise RuntimeError("the CPU records no graphs: reduce-overhead runs the executor uncaptured there")
+
+    def wrap_segment(self, segment: Any, fn: Callable[[list], Any]) -> Callable[[list], Any]:
+        return fn
+
+    def copy_(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        dst.copy_(src)
+
+    def reading(self, values: Any) -> None:
+        pass
+
+    def time(self, fn: Callable[[list], Any], args: list, iters: int) -> float:
+        """``perf_counter`` around each call (the CPU runs it synchronously)."""
+        fn(list(args))
+        times = []
+        for _ in range(iters):
+            start = time.perf_counter()
+            fn(list(args))
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)
+
+
 CUDA = CudaRuntime()
+CPU = CpuRuntime()
+
+
+def runtime_for(device: torch.device, override: DeviceRuntime | None = None) -> DeviceRuntime:
+    """The runtime a graph on ``device`` runs with: ``override`` (the simulator, in tests) for CPU and CUDA graphs,
+    else CUDA's on CUDA and the CPU's elsewhere."""
+    if override is not None and device.type in ("cpu", "cuda"):
+        return override
+    return CUDA if device.type == "cuda" else CPU

@@ -21,44 +21,41 @@ from typing import Any
 import torch
 
 from airgraph import ops
-from airgraph.codegen import Emitter, compile_function, last_uses
-from airgraph.lowering.partition import HOST, Segment
-from airgraph.passes.base import mutated_nodes
-from airgraph.passes.host_placement import META
-from airgraph.runtime.device import CUDA
+from airgraph.graph.codegen import Emitter, compile_function, last_uses
+from airgraph.graph.meta import H2D, HOST, HOST_PLACEMENT
+from airgraph.graph.program import Segment
+from airgraph.runtime.device import CPU, DeviceRuntime
 
 
 def build_executor(
     gm: torch.fx.GraphModule,
     segments: list[Segment],
-    device: torch.device | None = None,
+    device: torch.device,
     *,
-    runtime: Any = None,
+    runtime: DeviceRuntime = CPU,
     priorities: dict[str, int] | None = None,
 ) -> Callable[[list], Any]:
     """A boxed callable running ``segments`` (lowered) in order; see the module docstring.
 
-    ``runtime`` runs the streams (runtime/device.py): CUDA's own for a CUDA graph when None; the simulator
-    runs a CPU graph as if it were one. ``priorities``: each stream tag's priority (the streams pass's)."""
+    ``runtime`` runs the streams (runtime/device.py): CUDA's for a CUDA graph, the CPU's (none) for a CPU graph;
+    the simulator runs a CPU graph as if it were a CUDA one. ``priorities``: each stream tag's priority."""
     nodes = list(gm.graph.nodes)
     placeholders = [n for n in nodes if n.op == "placeholder"]
     outputs = list(nodes[-1].args[0])
-    compute = [seg for seg in segments if seg.kind == "compute"]
-    on_cuda = device is not None and device.type == "cuda"
-    if runtime is None and on_cuda:
-        runtime = CUDA
-    multi_stream = runtime is not None and any(seg.stream is not None for seg in segments)
+    compute = [seg for seg in segments if not seg.sync]
+    on_cuda = device.type == "cuda"
+    multi_stream = runtime.has_streams and any(seg.stream is not None for seg in segments)
     # Sources of host placement's copies to the device: pinned first (module docstring), unless every device
     # segment reading one also writes it (it then gets the value itself: see below).
-    sources = {n.args[0] for n in nodes if n.op == "call_function" and n.meta.get(META) == "h2d"} if on_cuda else set()
-    written = {seg.id: written_inputs(seg) for seg in compute} if sources else {}
+    sources = {n.args[0] for n in nodes if n.op == "call_function" and n.meta.get(HOST_PLACEMENT) == H2D}
+    written = {seg.id: {seg.inputs[i] for i in seg.written} for seg in compute} if on_cuda and sources else {}
     to_pin = {
         n
-        for n in sources
+        for n in (sources if on_cuda else ())
         if any(seg.placement != HOST and n in seg.inputs and n not in written[seg.id] for seg in compute)
     }
 
-    if len(segments) == 1 and segments[0].kind == "compute" and not multi_stream and not to_pin:
+    if len(segments) == 1 and not segments[0].sync and not multi_stream and not to_pin:
         seg = segments[0]
         if seg.inputs == placeholders and seg.outputs == outputs and len(set(outputs)) == len(outputs):
             return seg.compiled
@@ -84,10 +81,10 @@ def build_executor(
         keep |= streams.cross_stream_values(steps, placeholders)
         streams.fork([seg.stream for seg in steps])
     for step, seg in enumerate(steps):
-        if streams is not None and seg.kind == "sync":
+        if streams is not None and seg.sync:
             streams.sync(seg.nodes[0], names)
             continue
-        compiled = seg.compiled if runtime is None else runtime.wrap_segment(seg, seg.compiled)
+        compiled = runtime.wrap_segment(seg, seg.compiled)
         writes = written.get(seg.id, ())
         reads = [names[n] if seg.placement == HOST or n in writes else pins.get(n, names[n]) for n in seg.inputs]
         call = f"{emitter.bind(compiled, f'segment{seg.id}')}([{', '.join(reads)}])"
@@ -127,7 +124,12 @@ class _StreamCode:
     """
 
     def __init__(
-        self, emitter: Emitter, body: list[str], device: torch.device | None, runtime: Any, priorities: dict[str, int]
+        self,
+        emitter: Emitter,
+        body: list[str],
+        device: torch.device,
+        runtime: DeviceRuntime,
+        priorities: dict[str, int],
     ) -> None:
         self.emitter, self.body, self.device, self.runtime = emitter, body, device, runtime
         self.priorities = priorities
@@ -153,7 +155,7 @@ class _StreamCode:
             for node in seg.inputs:
                 if node in stream_of and stream_of[node] != seg.stream:
                     crossing.add(node)
-            if seg.kind == "sync" and seg.nodes[0].target is ops.RECORD_STREAM:
+            if seg.sync and seg.nodes[0].target is ops.RECORD_STREAM:
                 crossing.update(seg.inputs)
             for node in seg.outputs:
                 stream_of[node] = seg.stream
@@ -182,7 +184,7 @@ class _StreamCode:
         self.synced[(waiter, waited)] = self.position
 
     def _wait_for_inputs(self, seg: Segment) -> None:
-        written = written_inputs(seg)
+        written = {seg.inputs[i] for i in seg.written}
         for node in seg.inputs:
             if node in self.producer:
                 self._wait(seg.stream, self.producer[node], self.produced_at[node])
@@ -224,11 +226,6 @@ class _StreamCode:
         elif node.target is ops.EVENT_WAIT:
             self.body.append(f"    {stream}.wait_event({self.events[node.args[0]]})")
         # RECORD_STREAM: the tensor is kept alive until the join (cross_stream_values); nothing to emit.
-
-
-def written_inputs(seg: Segment) -> set[torch.fx.Node]:
-    """The segment's inputs that one of its ops writes in place (a schema argument marked ``Tensor(a!)``)."""
-    return mutated_nodes(seg.nodes) & set(seg.inputs)
 
 
 def pinned(t: torch.Tensor) -> torch.Tensor:

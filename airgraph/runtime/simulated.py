@@ -38,9 +38,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from airgraph.runtime.capture import _expanded_dims, _one_per_expanded, _storage
-from airgraph.runtime.executor import written_inputs
 
 __all__ = ["SimEvent", "SimGraph", "SimStream", "SimulatedCuda", "StreamRaceError"]
 
@@ -120,7 +121,11 @@ class _Accesses:
 class SimulatedCuda:
     """The simulated device runtime; see the module docstring."""
 
-    name = "simulated-cuda"
+    has_streams = True
+    can_capture = True
+    # time()'s cost model: a kernel launch, and memory bandwidth (roughly an H100's).
+    LAUNCH_SECONDS = 5e-6
+    BYTES_PER_SECOND = 2e12
 
     def __init__(self) -> None:
         self.problems: list[str] = []
@@ -164,10 +169,13 @@ class SimulatedCuda:
         if history is not None:
             history.recorded.add(stream.id)
 
-    def synchronize(self, device: Any = None) -> None:
-        for stream in self.streams:
-            for other in self.streams:
-                stream.wait_stream(other)
+    def time(self, fn: Callable[[list], Any], args: list, iters: int) -> float:
+        """A cost model, not a clock: every ATen op one call dispatches costs a launch plus the bytes it reads and
+        writes at the model's bandwidth. Deterministic, so what a tuner decides on it is repeatable in tests.
+        (Code that calls compiled kernels directly, Inductor's C++ on the CPU, dispatches only its extern ops.)"""
+        with _CostModel(self.LAUNCH_SECONDS, self.BYTES_PER_SECOND) as cost:
+            fn(list(args))
+        return cost.seconds
 
     # -- graphs ------------------------------------------------------------------------------------------
     def pool_handle(self) -> object:
@@ -230,8 +238,7 @@ class SimulatedCuda:
             raise StreamRaceError("\n".join(dict.fromkeys(self.problems)))
 
     def wrap_segment(self, segment: Any, fn: Callable[[list], Any]) -> Callable[[list], Any]:
-        writes = written_inputs(segment)
-        written = {i for i, node in enumerate(segment.inputs) if node in writes}
+        written = segment.written
         label = (
             f"segment {segment.id} ({', '.join(n.name for n in segment.nodes[:3])}{', ...' * (len(segment.nodes) > 3)})"
         )
@@ -308,3 +315,18 @@ def _copy_memory(dst: torch.Tensor, src: torch.Tensor) -> None:
     """``src`` into ``dst`` (same layout), an expanded one (stride 0) over the memory it really has, once."""
     dims = _expanded_dims(dst)
     _one_per_expanded(dst, dims).copy_(_one_per_expanded(src, dims))
+
+
+class _CostModel(TorchDispatchMode):
+    """Sums the modelled cost of the ATen ops dispatched inside (views and metadata ops are free)."""
+
+    def __init__(self, launch: float, bandwidth: float) -> None:
+        super().__init__()
+        self.launch, self.bandwidth, self.seconds = launch, bandwidth, 0.0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if not func.is_view:
+            tensors = [t for t in tree_leaves((args, kwargs, out)) if isinstance(t, torch.Tensor)]
+            self.seconds += self.launch + sum(t.numel() * t.element_size() for t in tensors) / self.bandwidth
+        return out

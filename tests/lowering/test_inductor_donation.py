@@ -10,8 +10,8 @@ import torch
 from torch._guards import TracingContext, tracing
 from torch._inductor.utils import get_donated_idxs
 
-from airgraph.lowering import donated_inputs
 from airgraph.lowering.inductor import _donating
+from airgraph.lowering.lower import donated_inputs
 from tests.helpers import assert_close, compile_with
 
 

@@ -8,9 +8,12 @@ import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from airgraph.lowering import lower_segments, partition
 from airgraph.lowering.aten import compile_aten, fast_callable
+from airgraph.lowering.partition import partition
 from airgraph.runtime.executor import build_executor
+from tests.helpers import lower_all
+
+CPU = torch.device("cpu")
 
 aten = torch.ops.aten
 
@@ -38,8 +41,8 @@ def test_one_segment_is_the_executor_itself():
     gm, args = traced()
     segments = partition(gm)
     assert len(segments) == 1
-    lower_segments(segments, "aten", kind="inference")
-    run = build_executor(gm, segments)
+    lower_all(segments, "aten")
+    run = build_executor(gm, segments, CPU)
     assert run is segments[0].compiled
     for got, want in zip(run(list(args)), fn(*args)):
         torch.testing.assert_close(got, want)
@@ -60,9 +63,9 @@ def test_segments_split_at_key_changes_and_executor_matches_eager(backend):
     assert cos_segment.inputs == [n for n in gm.graph.nodes if n.op == "placeholder"][1:]
     assert [n.target for n in cos_segment.outputs] == [aten.cos.default]
 
-    lower_segments(segments, backend, kind="inference")
+    lower_all(segments, backend)
     assert {s.backend for s in segments} == {backend}
-    run = build_executor(gm, segments)
+    run = build_executor(gm, segments, CPU)
     assert run is not segments[0].compiled
     for got, want in zip(run(list(args)), fn(*args)):
         torch.testing.assert_close(got, want)
@@ -74,8 +77,8 @@ def test_executor_clears_its_input_list():
     gm, args = traced()
     annotate(gm, {aten.cos.default: "s1"})
     segments = partition(gm)
-    lower_segments(segments, "aten", kind="inference")
-    run = build_executor(gm, segments)
+    lower_all(segments, "aten")
+    run = build_executor(gm, segments, CPU)
     boxed = list(args)
     run(boxed)
     assert boxed == []  # AOTAutograd's boxed convention: the callee may free the inputs

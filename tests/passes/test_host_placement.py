@@ -8,11 +8,12 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from airgraph.config import CompilerConfig
-from airgraph.explainer import fake_cuda_guard, plan
+from airgraph.lowering.capture_plan import find_uncapturable
 from airgraph.passes import CompileContext, run_pipeline
 from airgraph.passes.host_placement import host_placement
-from airgraph.report import GraphReport
-from airgraph.runtime.capture import find_uncapturable
+from airgraph.report.explain import plan
+from airgraph.report.fake import fake_cuda_guard
+from airgraph.report.schema import GraphReport
 from tests.helpers import make_config
 
 aten, prims = torch.ops.aten, torch.ops.prims

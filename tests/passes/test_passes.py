@@ -9,7 +9,7 @@ from airgraph.config import CompilerConfig
 from airgraph.passes import PIPELINE, CompileContext, run_pipeline
 from airgraph.passes.dce import dead_code_elimination
 from airgraph.passes.remove_noops import remove_noops
-from airgraph.report import GraphReport
+from airgraph.report.schema import GraphReport
 
 aten = torch.ops.aten
 

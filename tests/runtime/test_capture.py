@@ -13,8 +13,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
+from airgraph.lowering.capture_plan import find_uncapturable
 from airgraph.models import build_tiny_llama, decode_inputs, prefill_inputs
-from airgraph.runtime.capture import find_uncapturable
 from airgraph.runtime.simulated import SimulatedCuda
 from tests.helpers import assert_close, compile_with
 

@@ -14,14 +14,26 @@ from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 import airgraph.runtime.capture as capture_module
 import airgraph.runtime.executor as executor
-from airgraph.explainer import fake_cuda_guard
-from airgraph.lowering import lower_segments, partition
+from airgraph.lowering.capture_plan import find_uncapturable, plan_host_work
+from airgraph.lowering.host_split import split_host_work
+from airgraph.lowering.partition import partition
 from airgraph.passes import run_pipeline
-from airgraph.report import GraphReport
-from airgraph.runtime.capture import CaptureState, GraphCapture, MemoryPool, find_uncapturable
-from airgraph.runtime.host import build_host_split, plan_host_work
+from airgraph.report.fake import fake_cuda_guard
+from airgraph.report.schema import GraphReport
+from airgraph.runtime.capture import CaptureState, GraphCapture, MemoryPool
+from airgraph.runtime.device import CUDA
+from airgraph.runtime.host import HostSplit
 from airgraph.runtime.simulated import SimulatedCuda
+from tests.helpers import graph_request, lower_all
 from tests.passes.test_host_placement import context
+
+DEVICE = torch.device("cuda")
+
+
+def build_host_split(gm: torch.fx.GraphModule) -> HostSplit:
+    """The host split the backend builds for ``gm`` (aten kernels), its device part run by CUDA's executor."""
+    program = split_host_work(gm, graph_request("aten", device="cuda"))
+    return HostSplit(program, executor.build_executor(program.device_gm, program.device_segments, DEVICE, runtime=CUDA))
 
 
 def gather_rows(x: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -56,9 +68,9 @@ def test_host_work_is_classified_static_or_per_call(traced):
 def test_host_split_wires_host_values_around_the_device_part(traced):
     gm, mode, inputs = traced
     with fake_cuda_guard():
-        split = build_host_split(gm, "aten", kind="inference")
+        split = build_host_split(gm)
         assert sorted((t.static, t.pin) for t in split.transfers) == [(False, True), (True, True)]
-        assert [where for where, _ in split.recipe] == ["device", "host"]
+        assert [where for where, _ in split.program.recipe] == ["device", "host"]
         with mode:
             statics = split.run_static(list(inputs))
             values = [*inputs, *statics, *split.run_per_call(list(inputs), statics)]
@@ -89,19 +101,21 @@ def test_capture_runs_host_work_once_per_call_and_static_work_once_per_key(trace
     monkeypatch.setattr(capture_module, "_storage", id)  # fake tensors have no storage addresses
     monkeypatch.setattr(torch.Tensor, "data_ptr", lambda self: id(self))
     with fake_cuda_guard():
-        split = build_host_split(gm, "aten", kind="inference")
+        split = build_host_split(gm)
         calls = {"static": 0, "per_call": 0}
         for name in calls:
-            fn = getattr(split, f"{name}_fn")
+            fn = getattr(split.program, f"{name}_fn")
 
             def counted(args: list, fn=fn, name=name) -> object:
                 calls[name] += 1
                 return fn(args)
 
-            setattr(split, f"{name}_fn", counted)
+            setattr(split.program, f"{name}_fn", counted)
         report = GraphReport(id=0, mode="reduce-overhead", kind="inference", device="cuda")
         capture = GraphCapture(
             split,
+            host_split=split,
+            input_views={},
             device=torch.device("cuda"),
             static_indices=[],
             mutated_indices=[],
@@ -158,8 +172,8 @@ def test_the_caller_gets_host_values_themselves_not_the_buffers_an_async_copy_re
     monkeypatch.setattr(executor, "pinned", pinned)
     with fake_cuda_guard():
         segments = partition(gm, streams=True)
-        lower_segments(segments, "aten", kind="inference")
-        run = executor.build_executor(gm, segments, torch.device("cuda"))
+        lower_all(segments, "aten", device="cuda")
+        run = executor.build_executor(gm, segments, DEVICE, runtime=CUDA)
         with mode:
             rows, index = run(list(inputs))
     assert handed_to_copies and rows.device.type == "cuda" and index.device.type == "cpu"
@@ -192,8 +206,8 @@ def test_an_input_copied_to_the_device_and_updated_in_place_is_the_caller_s(monk
             gm = make_fx(functional)(torch.empty(10, 3, device="cuda"), torch.zeros(4, dtype=torch.long))
         run_pipeline(gm, context())
         segments = partition(gm, streams=True)
-        lower_segments(segments, "aten", kind="inference")
-        executor.build_executor(gm, segments, torch.device("cuda"))
+        lower_all(segments, "aten", device="cuda")
+        executor.build_executor(gm, segments, DEVICE, runtime=CUDA)
     (source,) = sources
     idx = names_in(source, "args")[1]
     writer = next(line for line in source.splitlines() if "segment" in line and f"{idx}]" in line.replace(" ", ""))

@@ -65,9 +65,9 @@ def last_uses(items: list[list[torch.fx.Node]]) -> dict[int, list[torch.fx.Node]
     return frees
 
 
-def compile_function(source: str, scope: dict[str, Any], name: str, kind: str) -> Callable[..., Any]:
+def compile_function(source: str, scope: dict[str, Any], name: str, label: str) -> Callable[..., Any]:
     """Compile generated ``source`` defining ``name``; tracebacks show its lines (registered in linecache)."""
-    filename = f"<airgraph-{kind}-{next(_sources)}>"
+    filename = f"<airgraph-{label}-{next(_sources)}>"
     linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
     exec(compile(source, filename, "exec"), scope)
     fn = scope[name]

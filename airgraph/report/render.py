@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from airgraph.report import ExplainReport, GraphReport, PassReport
+from airgraph.report.schema import ExplainReport, GraphReport, PassReport
 
 __all__ = ["NODE_COLUMNS", "PASS_COLUMNS", "SEGMENT_COLUMNS", "Column", "graph_header", "render_report"]
 
@@ -34,6 +34,10 @@ class Column:
 
 def _opt(value: Any, none: str = "—") -> str:
     return none if value is None else str(value)
+
+
+def _source(source: dict[str, Any]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in source.items())
 
 
 def _details(p: PassReport, shown: int = 2) -> str:
@@ -56,6 +60,7 @@ SEGMENT_COLUMNS: list[Column] = [
     Column("stream", lambda s: _opt(s.stream, "default")),
     Column("placement", lambda s: s.placement),
     Column("backend", lambda s: s.backend),
+    Column("chosen by", lambda s: _opt(s.chosen_by) + (f" ({_source(s.source)})" if s.source else ""), wrap=True),
     Column("nodes", lambda s: str(s.num_nodes), "right"),
 ]
 

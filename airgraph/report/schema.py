@@ -39,8 +39,12 @@ class SegmentReport:
     id: int
     stream: str | None
     placement: str
-    backend: str
+    backend: str  # the kernel backend running it ("sync": an event or stream op the executor performs)
     num_nodes: int
+    # Which step of the seam (lowering/select.py) chose the backend: "debug", "host", "static-kernels", "tuning"
+    # or "config"; None for sync segments. ``source``: what the deciding store knows it by (bank key, kernels).
+    chosen_by: str | None = None
+    source: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -84,6 +88,20 @@ class GraphReport:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def summary(self) -> str:
+        """One line: id, kind, device, mode, segments with their backends, capture state."""
+        backends = ", ".join(f"{s.backend}/{s.chosen_by}" if s.chosen_by else s.backend for s in self.segments)
+        capture = ""
+        if self.mode == "reduce-overhead":
+            capture = " · captured" if self.captured else f" · uncaptured ({self.uncaptured_reason or 'warm-up'})"
+        return (
+            f"graph {self.id} ({self.kind}, {self.device}, {self.mode}): {len(self.nodes)} nodes, "
+            f"{len(self.segments)} segment(s) [{backends}]{capture}"
+        )
+
+    def __repr__(self) -> str:
+        return f"GraphReport<{self.summary()}>"
+
 
 @dataclass
 class ExplainReport:
@@ -94,6 +112,17 @@ class ExplainReport:
     # Dynamo graphs compiled (more than one means graph breaks) and the break reasons Dynamo gave.
     dynamo_graphs: int = 0
     graph_breaks: list[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        lines = [
+            f"airgraph report: {len(self.graphs)} ATen graph(s) from {self.dynamo_graphs} Dynamo graph(s), "
+            f"{len(self.graph_breaks)} graph break(s)"
+        ]
+        lines += [f"  {g.summary()}" for g in self.graphs]
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return f"<ExplainReport: {len(self.graphs)} graph(s), {self.dynamo_graphs} Dynamo graph(s); print() it>"
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -1,0 +1,82 @@
+"""The kernel backends: what turns one segment's graph into a boxed callable, by name.
+
+A kernel backend is a function ``(LowerRequest) -> boxed callable`` (a callable taking a list of inputs, cleared,
+``_boxed_call = True``). The registry below is filled by the ``kernel_backend`` decorator in this module only, so
+the list of backends is readable here, and it is the one source of the values ``config.kernel_backend`` accepts
+(config.py reads :func:`selectable`). The seam (lowering/select.py) chooses one per segment; lower.py calls it.
+
+This module imports no torch: ``import airgraph`` (which validates the config) must stay light. Each backend
+imports its implementation when first used.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from airgraph.lowering.request import LowerRequest
+
+__all__ = ["KERNEL_BACKENDS", "KernelBackend", "LowerRequest", "kernel_backend", "selectable"]
+
+
+KernelBackend = Callable[[LowerRequest], Callable[[list], Any]]
+
+
+@dataclass(frozen=True)
+class _Entry:
+    fn: KernelBackend
+    selectable: bool  # a value of config.kernel_backend (the others are chosen by the seam only)
+    doc: str
+
+
+KERNEL_BACKENDS: dict[str, _Entry] = {}
+
+
+def kernel_backend(name: str, *, selectable: bool = True) -> Callable[[KernelBackend], KernelBackend]:
+    def register(fn: KernelBackend) -> KernelBackend:
+        KERNEL_BACKENDS[name] = _Entry(fn, selectable, next(iter((fn.__doc__ or "").strip().splitlines()), ""))
+        return fn
+
+    return register
+
+
+def selectable() -> tuple[str, ...]:
+    """The values ``config.kernel_backend`` accepts."""
+    return tuple(name for name, entry in KERNEL_BACKENDS.items() if entry.selectable)
+
+
+def get(name: str) -> KernelBackend:
+    if name not in KERNEL_BACKENDS:
+        raise ValueError(f"unknown kernel backend {name!r}; known: {', '.join(KERNEL_BACKENDS)}")
+    return KERNEL_BACKENDS[name].fn
+
+
+@kernel_backend("inductor")
+def _inductor(request: LowerRequest) -> Callable[[list], Any]:
+    """Inductor: fused Triton kernels on CUDA, C++ on the CPU (options: Inductor config patches)."""
+    from airgraph.lowering.inductor import compile_inductor
+
+    return compile_inductor(request)
+
+
+@kernel_backend("aten")
+def _aten(request: LowerRequest) -> Callable[[list], Any]:
+    """Direct ATen calls: one generated Python function per segment, fast to compile."""
+    from airgraph.lowering.aten import compile_aten
+
+    return compile_aten(request.gm)
+
+
+@kernel_backend("interpreter", selectable=False)
+def _interpreter(request: LowerRequest) -> Callable[[list], Any]:
+    """debug.run_eagerly: torch.fx.Interpreter, one node at a time, for bisecting."""
+    import torch
+
+    interpreter = torch.fx.Interpreter(request.gm)
+
+    def segment(args: list) -> Any:
+        return interpreter.boxed_run(args)
+
+    segment._boxed_call = True  # type: ignore[attr-defined]
+    return segment

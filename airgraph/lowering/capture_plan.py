@@ -1,0 +1,199 @@
+"""The capture plan: can this graph be recorded as one CUDA graph, and what host work goes around the replay.
+
+Decisions about a graph, made at compile time (runtime/capture.py carries them out):
+
+- :func:`find_uncapturable` says why a graph cannot be captured (an op that needs a host sync, a CPU tensor
+  inside the CUDA graph), naming the first offending op, or None;
+- :func:`plan_host_work` classifies each node of a graph with host work (host placement's CPU ops) as static (a
+  function of the shape key alone: computed once per key), per-call (depends on the data of CPU inputs, or is
+  random: computed before every replay) or device (captured); host_split.py lowers the three pieces.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+from airgraph.graph.meta import METADATA_OPS, on_host, tensors, transfer_device
+
+__all__ = [
+    "CapturePlan",
+    "HostPlan",
+    "describe_host_split",
+    "find_uncapturable",
+    "has_host_work",
+    "plan_capture",
+    "plan_host_work",
+]
+
+
+@dataclass
+class CapturePlan:
+    """What reduce-overhead does with one graph (nothing, outside reduce-overhead)."""
+
+    capture: bool = False  # GraphCapture wraps the executor: the runtime records graphs
+    uncapturable: str | None = None  # why the graph runs uncaptured all the same (or on a runtime without graphs)
+    split: bool = False  # host work is split off around the replay (lowering/host_split.py)
+
+
+def plan_capture(gm: torch.fx.GraphModule, *, mode: str, device: torch.device, can_capture: bool) -> CapturePlan:
+    """Decide, once per graph, whether and how reduce-overhead captures it (see :class:`CapturePlan`)."""
+    if mode != "reduce-overhead":
+        return CapturePlan()
+    if not can_capture:
+        return CapturePlan(uncapturable=f"reduce-overhead captures CUDA graphs; this graph runs on {device.type}")
+    if device.type == "cpu":  # the simulator: CPU tensors stand for device ones, only the ops are checked
+        return CapturePlan(capture=True, uncapturable=find_uncapturable(gm, simulated=True))
+    reason = find_uncapturable(gm)
+    return CapturePlan(capture=True, uncapturable=reason, split=reason is None and has_host_work(gm))
+
+
+STATIC, PER_CALL, DEVICE = "static", "per_call", "device"  # where a node's value comes from
+
+
+@dataclass
+class HostPlan:
+    """How a graph's host work runs around a CUDA graph (see runtime/capture.py for the policy).
+
+    ``origin`` says, for every node, where its value comes from: ``static`` (a function of the shape key alone:
+    SymInt inputs, sizes, constants), ``per_call`` (depends on the data of CPU inputs, or random) or
+    ``device``. ``transfers`` are the device nodes copying a host value to the device, ``feeds`` the static
+    host values (SymInts, 0-dim CPU scalars) device ops read directly. ``problem`` says why the host work
+    cannot be split off, or is None.
+    """
+
+    origin: dict[torch.fx.Node, str] = field(default_factory=dict)
+    static: list[torch.fx.Node] = field(default_factory=list)
+    per_call: list[torch.fx.Node] = field(default_factory=list)
+    transfers: list[torch.fx.Node] = field(default_factory=list)
+    feeds: list[torch.fx.Node] = field(default_factory=list)
+    problem: str | None = None
+
+
+def _is_transfer(node: torch.fx.Node, source: torch.fx.Node) -> bool:
+    device = transfer_device(node)
+    return device is not None and device.type != "cpu" and node.args[0] is source
+
+
+def plan_host_work(gm: torch.fx.GraphModule) -> HostPlan:
+    """Classify the graph's host work for capture; see :class:`HostPlan`."""
+    plan = HostPlan()
+    origin = plan.origin
+    for node in gm.graph.nodes:
+        val = node.meta.get("val")
+        if node.op == "placeholder":
+            is_tensor = isinstance(val, torch.Tensor)
+            origin[node] = (PER_CALL if val.device.type == "cpu" else DEVICE) if is_tensor else STATIC
+            continue
+        if node.op == "get_attr":
+            origin[node] = STATIC if on_host(node) else DEVICE
+            if on_host(node):
+                plan.static.append(node)
+            continue
+        if node.op == "output":
+            continue
+        if on_host(node):
+            origin[node] = _host_origin(node, origin, plan)
+            (plan.static if origin[node] == STATIC else plan.per_call).append(node)
+            continue
+        origin[node] = DEVICE
+        for inp in node.all_input_nodes:
+            if origin[inp] == DEVICE or plan.problem is not None:
+                continue
+            if _is_transfer(node, inp):
+                if free_unbacked_symbols(node.meta.get("val")):
+                    plan.problem = (
+                        f"{node.name} = {node.target} copies {inp.name} to the device with a data-dependent shape "
+                        "(it depends on input data): a CUDA graph's buffer has one shape"
+                    )
+                plan.transfers.append(node)
+            elif inp.op == "placeholder" and origin[inp] == STATIC:
+                continue  # a SymInt input of the graph: the device part gets it too
+            elif origin[inp] == STATIC and (not tensors(inp.meta.get("val")) or inp.meta["val"].dim() == 0):
+                if inp not in plan.feeds:
+                    plan.feeds.append(inp)
+            else:
+                what = "changes with every call" if origin[inp] == PER_CALL else "is a CPU tensor"
+                plan.problem = (
+                    f"{node.name} = {node.target} reads {inp.name}, a host value that {what}, inside the CUDA graph"
+                )
+    return plan
+
+
+def _host_origin(node: torch.fx.Node, origin: dict[torch.fx.Node, str], plan: HostPlan) -> str:
+    inputs = node.all_input_nodes
+    if node.target in METADATA_OPS and not free_unbacked_symbols(node.meta.get("val")):
+        return STATIC  # reads sizes or strides that the shape key fixes (not data-dependent ones)
+    device = [inp for inp in inputs if origin[inp] == DEVICE]
+    if device and plan.problem is None:
+        plan.problem = f"host op {node.name} = {node.target} reads {device[0].name}, a value computed on the device"
+    target = node.target
+    if isinstance(target, torch._ops.OpOverload) and (
+        target._schema.is_mutable or torch.Tag.nondeterministic_seeded in target.tags
+    ):
+        return PER_CALL
+    return PER_CALL if any(origin[inp] != STATIC for inp in inputs) else STATIC
+
+
+def describe_host_split(gm: torch.fx.GraphModule) -> dict[str, list[str]]:
+    """The report's ``host_prologue``: host nodes per origin and the transfers feeding the CUDA graph."""
+    plan = plan_host_work(gm)
+    return {
+        STATIC: [n.name for n in plan.static],
+        PER_CALL: [n.name for n in plan.per_call],
+        "transfers": [n.name for n in plan.transfers],
+    }
+
+
+def has_host_work(gm: torch.fx.GraphModule) -> bool:
+    """Host ops or CPU inputs that host placement marked: the graph's host work is split off around the replay."""
+    return any(on_host(n) for n in gm.graph.nodes)
+
+
+def find_uncapturable(gm: torch.fx.GraphModule, *, simulated: bool = False) -> str | None:
+    """Why this CUDA graph cannot be recorded as one CUDA graph, naming the first offending op, or None.
+
+    Ops with data-dependent output shapes or that read a device value on the host need a sync, which
+    capture forbids (these are named first: they are what a user changes). Host work that host placement
+    put on the CPU is fine: it runs around the replay (module docstring), unless device work reads one of
+    its per-call values directly. Any other CPU tensor inside a CUDA graph would be computed on the host
+    once, while recording, and never again, so it is refused.
+
+    ``simulated``: a CPU graph run as a CUDA one by the simulator: only the ops are checked (every tensor is
+    a CPU tensor there, standing for a device one).
+    """
+    for node in gm.graph.nodes:
+        target = node.target
+        if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload) or on_host(node):
+            continue
+        if target is torch.ops.aten._local_scalar_dense.default:
+            return f"{node.name} = {target} reads a device value on the host (.item(), a host sync)"
+        dynamic = torch.Tag.dynamic_output_shape in target.tags or torch.Tag.data_dependent_output in target.tags
+        if dynamic and _data_dependent(node):
+            return f"{node.name} = {target} has a data-dependent output (needs a host sync)"
+    if simulated:
+        return None
+    if has_host_work(gm):
+        problem = plan_host_work(gm).problem
+        if problem is not None:
+            return problem
+    for node in gm.graph.nodes:
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor) or val.device.type != "cpu" or on_host(node):
+            continue
+        if node.op == "placeholder":  # even a 0-dim one: a kernel would keep the value it had when recorded
+            return f"input {node.name} is a CPU tensor inside a CUDA graph"
+        if val.dim() > 0:
+            return f"{node.name} = {node.target} is a CPU tensor inside a CUDA graph"
+    return None
+
+
+def _data_dependent(node: torch.fx.Node) -> bool:
+    """A node of an op that *may* depend on data (``index`` with a bool mask, ``nonzero``) that here does: its
+    traced value has sizes no input determines (unbacked SymInts), or is unknown."""
+    val = node.meta.get("val")
+    if val is None:
+        return True
+    return bool(free_unbacked_symbols(val))
