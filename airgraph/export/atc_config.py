@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from airgraph.export.layout import write_text_atomic
+from airgraph.store import write_text_atomic
 
 __all__ = [
     "MODEL_RELATION_CONFIG_FILE",

@@ -68,10 +68,11 @@ from airgraph.config import CompilerConfig
 from airgraph.export import capture as capture_mod
 from airgraph.export.convert import MODULE_PATH_KEY, describe_values, dynamic_dims, program_tensor_names, to_onnx
 from airgraph.export.errors import ExportError
-from airgraph.export.layout import FORMAT, FORMAT_VERSION, ExportLayout, Staging, check_export_name, file_digest
+from airgraph.export.layout import FORMAT, FORMAT_VERSION, ExportLayout, Staging, check_export_name
 from airgraph.export.pbtxt import render_pbtxt
 from airgraph.export.runner import TOLERANCES
 from airgraph.export.weights import write_model
+from airgraph.store import file_digest
 
 __all__ = ["ExportResult", "dynamo_export", "export_model"]
 

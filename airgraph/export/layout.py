@@ -51,10 +51,8 @@ __all__ = [
     "ExportLayout",
     "Staging",
     "check_export_name",
-    "file_digest",
     "rank_metadata_files",
     "weight_file_names",
-    "write_text_atomic",
 ]
 
 FORMAT = "airgraph-export"
@@ -229,27 +227,3 @@ def rank_metadata_files(root: str | os.PathLike[str]) -> dict[int, Path]:
         if suffix.isdigit():
             out[int(suffix)] = path
     return dict(sorted(out.items()))
-
-
-def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
-    """Write ``text`` (UTF-8) to ``path`` through a temporary file in the same folder and ``os.replace``."""
-    target = Path(path)
-    if target.is_symlink() or target.is_dir():
-        raise ExportPathError(f"target file {target} is a symbolic link or a folder")
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def file_digest(path: str | os.PathLike[str]) -> str:
-    """sha256 of a file, read in chunks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()

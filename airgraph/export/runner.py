@@ -40,7 +40,8 @@ from typing import Any
 
 import numpy as np
 
-from airgraph.export.layout import FORMAT, FORMAT_VERSION, METADATA_FILE, file_digest, rank_metadata_files
+from airgraph.export.layout import FORMAT, FORMAT_VERSION, METADATA_FILE, rank_metadata_files
+from airgraph.store import file_digest
 
 __all__ = [
     "TOLERANCES",

@@ -10,7 +10,7 @@ from google.protobuf import text_format
 
 import airgraph
 from airgraph.compat import torchair as tng
-from airgraph.export.layout import file_digest
+from airgraph.store import file_digest
 from tests.export.export_models import SeedModel, read_metadata, run_without_torch, save_npz
 
 EXPECTED_FILES = {"export.onnx", "dynamo.pbtxt", "export.json", "reference_inputs.npz", "reference_outputs.npz"}
