@@ -38,7 +38,7 @@ from rich.console import Console
 from rich.table import Table
 
 import airgraph
-from airgraph.bench import environment, write_json
+from airgraph.bench.results import environment, write_json
 from airgraph.models.branches import TwoBranch, two_branch_inputs
 
 # (batch, dim, depth): from launch-bound to compute-bound branches.

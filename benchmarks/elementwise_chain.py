@@ -16,7 +16,7 @@ import time
 import torch
 
 import airgraph
-from airgraph.bench import environment, write_json
+from airgraph.bench.results import environment, write_json
 
 
 def chain(x: torch.Tensor, ops: int) -> torch.Tensor:

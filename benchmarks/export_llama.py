@@ -23,7 +23,7 @@ import onnxruntime as ort
 import torch
 
 import airgraph
-from airgraph.bench import environment, write_json
+from airgraph.bench.results import environment, write_json
 from airgraph.models import build_tiny_llama, prefill_inputs
 
 

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import airgraph
-from airgraph.bench import environment, write_json
+from airgraph.bench.results import environment, write_json
 
 # Runtime calls, matched by prefix (cudaLaunchKernelExC, cuLaunchKernelEx; CUDA 13 builds launch through
 # __cudaLaunchKernel, which torch's own profiler utilities count as a launch too).

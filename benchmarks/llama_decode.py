@@ -20,7 +20,8 @@ import time
 import torch
 
 import airgraph
-from airgraph.bench import environment, print_results, run_bench, write_json
+from airgraph.bench.decode import print_results, run_bench
+from airgraph.bench.results import environment, write_json
 from airgraph.models import build_tiny_llama, decode_inputs, prefill_inputs
 
 

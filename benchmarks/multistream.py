@@ -13,8 +13,8 @@ import argparse
 
 from rich.console import Console
 
-from airgraph.bench import write_json
-from airgraph.bench_streams import CASES, multistream_table, run_multistream
+from airgraph.bench.results import write_json
+from airgraph.bench.streams import CASES, multistream_table, run_multistream
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,7 +30,7 @@ from torch._functorch.aot_autograd import make_boxed_func
 
 import airgraph
 from airgraph.backend import AirgraphBackend
-from airgraph.bench import environment, write_json
+from airgraph.bench.results import environment, write_json
 from airgraph.models import build_tiny_llama, decode_inputs, prefill_inputs
 from airgraph.runtime.simulated import SimulatedCuda
 

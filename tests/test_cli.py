@@ -8,7 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from airgraph import bench, cli
+from airgraph import cli
+from airgraph.bench import decode as bench
+from airgraph.bench.results import write_json
+from airgraph.cli import bench as cli_bench
 
 # Fast settings: the micro model, direct ATen kernels, no Inductor compile.
 FAST = ["--preset", "micro", "--kernel-backend", "aten", "--device", "cpu", "--no-progress"]
@@ -122,7 +125,7 @@ def test_bench_cuda_reduce_overhead_captures(tmp_path, capsys):
 
 def test_demo_writes_report_and_notes_cpu(tmp_path, capsys, monkeypatch):
     fast = {"preset": "micro", "steps": 3, "warmup": 1, "kernel_backend": "aten", "modes": FAST_MODES}
-    monkeypatch.setattr(cli, "DEMO_SETTINGS", {**cli.DEMO_SETTINGS, **fast})
+    monkeypatch.setattr(cli_bench, "DEMO_SETTINGS", {**cli_bench.DEMO_SETTINGS, **fast})
     monkeypatch.setattr(bench, "resolve_device", lambda device: torch.device("cpu"))
     out = tmp_path / "demo.json"
     assert cli.main(["demo", "--output", str(out), "--no-progress"]) == 0
@@ -135,7 +138,7 @@ def test_demo_writes_report_and_notes_cpu(tmp_path, capsys, monkeypatch):
 
 def test_demo_exits_1_when_outputs_differ(tmp_path, capsys, monkeypatch):
     fast = {"preset": "micro", "steps": 2, "warmup": 0, "kernel_backend": "aten", "modes": "eager,max-autotune"}
-    monkeypatch.setattr(cli, "DEMO_SETTINGS", {**cli.DEMO_SETTINGS, **fast})
+    monkeypatch.setattr(cli_bench, "DEMO_SETTINGS", {**cli_bench.DEMO_SETTINGS, **fast})
     monkeypatch.setattr(bench, "resolve_device", lambda device: torch.device("cpu"))
     compile_mode = bench._compile
 
@@ -244,19 +247,27 @@ def test_argparse_errors_exit_2(capsys):
 
 def test_write_json_is_atomic_and_creates_folders(tmp_path):
     target = tmp_path / "a" / "b" / "r.json"
-    assert bench.write_json({"x": 1}, target) == target
-    bench.write_json({"x": 2}, target)
+    assert write_json({"x": 1}, target) == target
+    write_json({"x": 2}, target)
     assert json.loads(target.read_text()) == {"x": 2}
     assert [p.name for p in target.parent.iterdir()] == ["r.json"]  # no temporary file left behind
 
 
-def test_python_dash_m_help():
+def test_python_dash_m_help_imports_no_torch():
+    """`airgraph --help` answers at once: no torch (nor onnx) import, checked with python -X importtime."""
     done = subprocess.run(
-        [sys.executable, "-m", "airgraph", "--help"], capture_output=True, text=True, timeout=120, check=False
+        [sys.executable, "-X", "importtime", "-m", "airgraph", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     assert done.returncode == 0, done.stderr
-    for command in ("demo", "bench", "inspect"):
+    for command in ("demo", "bench", "inspect", "export", "run"):
         assert command in done.stdout
+    imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
+    assert "airgraph.cli" in imported
+    assert not {name for name in imported if name.split(".")[0] in ("torch", "onnx", "onnxruntime", "numpy")}
 
 
 def test_bench_two_branch_model(tmp_path, capsys):
@@ -281,3 +292,20 @@ def test_inspect_plans_for_cuda_without_a_gpu(tmp_path, capsys):
     (graph,) = json.loads(out.read_text())["graphs"]
     assert graph["planned"] is True and graph["device"].startswith("cuda")
     assert all(n["placement"] in ("device", "host") for n in graph["nodes"])
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("import torch\ndef airgraph_example(:\n    pass\n", ":2: SyntaxError: invalid syntax"),
+        ("x = 1\nraise RuntimeError('boom')\n", ":2: RuntimeError: boom (while loading the file)"),
+    ],
+)
+def test_a_broken_example_file_is_one_line_naming_file_and_line(tmp_path, capsys, source, expected):
+    script = tmp_path / "broken.py"
+    script.write_text(source)
+    assert cli.main(["inspect", str(script)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert err.startswith("usage: airgraph inspect")  # the subcommand's usage, not the top level's
+    assert err.strip().splitlines()[-1] == f"airgraph inspect: error: {script}{expected}"

@@ -13,18 +13,18 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from airgraph.cli import EXAMPLE_SIGNATURE, CliError, _load_file, load_example
+from airgraph.cli.common import EXAMPLE_SIGNATURE, CliError, load_example, load_file, make_console
 from airgraph.config import CompilerConfig
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["EXPORT_DTYPES", "add_export_parsers", "cmd_export", "parse_input_spec"]
+__all__ = ["EXPORT_DTYPES", "add_parsers", "cmd_export", "parse_input_spec"]
 
 EXPORT_DTYPES = ("float32", "float64", "float16", "bfloat16", "int64", "int32", "int8", "uint8", "bool")
 
 
-def add_export_parsers(sub: Any, docs: dict[str, str]) -> None:
+def add_parsers(sub: Any, docs: dict[str, str]) -> None:
     exp = sub.add_parser(
         "export",
         help="export a model as an ONNX model that runs without PyTorch (dynamo_export)",
@@ -143,7 +143,7 @@ def _export_target(args: argparse.Namespace) -> tuple[Any, tuple, dict, str]:
     if file_or_module.endswith(".py"):
         if not Path(file_or_module).is_file():
             raise CliError(f"{file_or_module}: no such file")
-        module_obj = _load_file(Path(file_or_module))
+        module_obj = load_file(Path(file_or_module))
     else:
         try:
             module_obj = importlib.import_module(file_or_module)
@@ -200,7 +200,7 @@ def cmd_export(args: argparse.Namespace, console: Console) -> int:
     except (ValueError, ExportPathError) as exc:
         raise CliError(str(exc)) from None
     model, fargs, fkwargs, what = _export_target(args)
-    status = Console(stderr=True).status(f"exporting {what}")
+    status = make_console(stderr=True).status(f"exporting {what}")
     try:
         with status:
             result = export_model(model, fargs, fkwargs, layout=layout, dynamic=args.dynamic, config=config)

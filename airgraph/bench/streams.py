@@ -19,7 +19,8 @@ from rich import box
 from rich.table import Table
 
 import airgraph
-from airgraph.bench import environment, resolve_device
+from airgraph.bench.decode import resolve_device
+from airgraph.bench.results import environment
 from airgraph.models import TwoBranch, two_branch_inputs
 
 # name: (batch, dim, depth). "small": each branch uses well under half the SMs of an H100; "saturating": each

@@ -24,16 +24,9 @@ run with cold caches shows the full kernel compile time.
 
 from __future__ import annotations
 
-import datetime
-import json
-import os
-import platform
-import subprocess
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -43,43 +36,17 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-import airgraph
+from airgraph.backend import get_backend
+from airgraph.bench import CUDA_ONLY_MODES, DEFAULT_STEPS, DEFAULT_WARMUP, MODE_ALIASES, MODES
+from airgraph.bench.results import environment
 from airgraph.config import CompilerConfig
 from airgraph.models import build_tiny_llama, prefill_inputs
 
-__all__ = [
-    "DEFAULT_STEPS",
-    "DEFAULT_WARMUP",
-    "MODES",
-    "default_modes",
-    "parse_modes",
-    "print_results",
-    "results_table",
-    "run_bench",
-    "write_json",
-]
+__all__ = ["default_modes", "parse_modes", "print_results", "resolve_device", "results_table", "run_bench"]
 
-MODES = (
-    "eager",
-    "torch.compile",
-    "airgraph max-autotune",
-    "airgraph reduce-overhead",
-    "torch.compile reduce-overhead",
-)
-CUDA_ONLY_MODES = frozenset({"torch.compile reduce-overhead"})
-# Short spellings accepted by parse_modes (and so by `airgraph bench --modes`).
-MODE_ALIASES = {
-    "compile": "torch.compile",
-    "inductor": "torch.compile",
-    "max-autotune": "airgraph max-autotune",
-    "reduce-overhead": "airgraph reduce-overhead",
-    "torch-reduce-overhead": "torch.compile reduce-overhead",
-}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # (atol, rtol) for comparing a mode's logits with eager's.
 TOLERANCES = {"float32": (1e-3, 1e-3), "bfloat16": (5e-2, 1e-2), "float16": (5e-2, 1e-2)}
-DEFAULT_STEPS = 100
-DEFAULT_WARMUP = 10
 
 
 def resolve_device(device: str) -> torch.device:
@@ -213,7 +180,7 @@ def _compile(model: torch.nn.Module, mode: str, base: CompilerConfig) -> tuple[C
     config = CompilerConfig()
     config.update(base.as_dict())
     config.mode = mode.removeprefix("airgraph ")
-    backend = airgraph.get_backend(config)
+    backend = get_backend(config)
     return torch.compile(model, backend=backend), backend
 
 
@@ -332,52 +299,6 @@ def _progress(enabled: bool, console: Console | None) -> Any:
         transient=True,
         refresh_per_second=4,
     )
-
-
-# -- environment and output ---------------------------------------------------------------------------------
-def environment(device: torch.device) -> dict[str, Any]:
-    """Where a result was measured: device name, versions, commit, time."""
-    if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-    else:
-        name = f"{platform.processor() or platform.machine() or 'cpu'} ({os.cpu_count()} cores)"
-    return {
-        "device": name,
-        "torch": torch.__version__,
-        "airgraph": airgraph.__version__,
-        "commit": _git_commit(),
-        "python": platform.python_version(),
-        "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-    }
-
-
-def _git_commit() -> str | None:
-    root = Path(airgraph.__file__).resolve().parent.parent
-    if not (root / ".git").exists():
-        return None
-    try:
-        done = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=False
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return (done.stdout.strip() or None) if done.returncode == 0 else None
-
-
-def write_json(data: Any, path: str | os.PathLike[str]) -> Path:
-    """Write ``data`` as indented JSON, atomically (temporary file in the same folder, then rename)."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=2)
-            f.write("\n")
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return target
 
 
 def results_table(result: dict[str, Any]) -> Table:

@@ -1,0 +1,54 @@
+"""Where a benchmark result was measured (device, versions, commit, time) and writing it as JSON."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import airgraph
+from airgraph.store import write_text_atomic
+
+__all__ = ["environment", "write_json"]
+
+
+def environment(device: torch.device) -> dict[str, Any]:
+    """Where a result was measured: device name, versions, commit, time."""
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+    else:
+        name = f"{platform.processor() or platform.machine() or 'cpu'} ({os.cpu_count()} cores)"
+    return {
+        "device": name,
+        "torch": torch.__version__,
+        "airgraph": airgraph.__version__,
+        "commit": _git_commit(),
+        "python": platform.python_version(),
+        "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def _git_commit() -> str | None:
+    root = Path(airgraph.__file__).resolve().parent.parent
+    if not (root / ".git").exists():
+        return None
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=False
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return (done.stdout.strip() or None) if done.returncode == 0 else None
+
+
+def write_json(data: Any, path: str | os.PathLike[str]) -> Path:
+    """Write ``data`` as indented JSON, atomically (airgraph/store.py)."""
+    target = Path(path)
+    write_text_atomic(target, json.dumps(data, indent=2) + "\n")
+    return target
