@@ -152,6 +152,9 @@ def capture(
 
 def conversion_error(exc: BaseException, program: torch.export.ExportedProgram) -> ExportError:
     """An :class:`ExportError` for a torch.onnx failure: the op it could not lower and the user's line."""
+    failed_rerun = _rerun_error(exc)
+    if failed_rerun is not None:
+        return failed_rerun
     text = "\n".join(str(e) for e in _exception_chain(exc))
     target = re.search(r"target=([\w.:]+)\]", text) or re.search(
         r"No ONNX function found for <OpOverload\(op='([^']+)'", text
@@ -172,6 +175,30 @@ def conversion_error(exc: BaseException, program: torch.export.ExportedProgram) 
     return ExportError("unsupported op", f"the ONNX exporter has no lowering for it{where}", source=source, op=op)
 
 
+_RERUN = re.compile(r"While executing %(\w+) : [^\n]*?target=([\w.:]+)\]")
+
+
+def _rerun_error(exc: BaseException) -> ExportError | None:
+    """A failure of an op while torch.onnx re-ran the graph on fake tensors (decomposition, type promotion).
+
+    The op has a lowering: it failed on the shapes or strides of that run. FX names the node of torch.onnx's
+    own (decomposed) graph and appends the user's frames after "Original traceback:"; the node's name says
+    nothing about the captured program, so the source comes from those frames.
+    """
+    for error in reversed(_exception_chain(exc)):  # innermost first: the op's own message
+        text = str(error)
+        match = _RERUN.search(text)
+        if match is None:
+            continue
+        op = match.group(2).removeprefix("torch.ops.")
+        _, _, original = text.partition("Original traceback:")
+        source, code = user_source(_frames_of_text(original))
+        where = f" (called in `{code}`)" if code else ""
+        detail = f"torch.onnx failed running {op} on its decomposed graph{where}: {_first_line(error)}"
+        return ExportError("conversion failed", detail, source=source)
+    return None
+
+
 def _exception_chain(exc: BaseException) -> list[BaseException]:
     chain: list[BaseException] = []
     current: BaseException | None = exc
@@ -187,7 +214,8 @@ def _first_line(exc: BaseException) -> str:
 
 
 def call_quietly(fn: Callable[[], Any]) -> Any:
-    """Run ``fn`` with torch.onnx's registry warnings (torchvision missing) and onnx_ir's chatter silenced."""
+    """Run ``fn`` with torch.onnx's registry warnings (torchvision missing), onnx_ir's chatter and numpy warnings
+    of the onnx reference evaluator (constant folding) silenced."""
     import logging
     import warnings
 
@@ -199,6 +227,9 @@ def call_quietly(fn: Callable[[], Any]) -> Any:
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=r".*LeafSpec.*", category=FutureWarning)
+            # the optimizer folds constants with onnx's numpy evaluator, which warns on values eager computes the
+            # same way and then discards (T5's relative-position buckets take log(0) in a branch where() drops)
+            warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"onnx\.reference\.")
             return fn()
     finally:
         for lg, level in zip(loggers, levels):

@@ -1,5 +1,8 @@
 """Conversion: ExportedProgram -> ONNX (torch's exporter), optimized, with airgraph's metadata.
 
+- First the program's layout-dependent reshapes get contiguous inputs (``views.py``: torch.onnx retraces
+  the program with fake tensors whose strides can disagree, and a ``view`` legal in one trace is refused
+  in the next); the program is edited in place.
 - ``torch.onnx.export(program, dynamo=True, optimize=False)`` translates the captured graph; then
   onnxscript's optimizer folds constants and shape arithmetic, with the parameters, buffers and constants
   of the program shielded from folding so that every weight stays one initializer named after it (the
@@ -17,7 +20,7 @@ from __future__ import annotations
 
 import ast
 import re
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -25,8 +28,10 @@ from onnxscript import ir
 
 from airgraph.export.capture import call_quietly, conversion_error
 from airgraph.export.errors import ExportError
+from airgraph.export.views import contiguous_view_inputs
+from airgraph.passes.base import PassResult
 
-__all__ = ["MODULE_PATH_KEY", "describe_values", "dynamic_dims", "program_tensor_names", "to_onnx"]
+__all__ = ["MODULE_PATH_KEY", "Converted", "describe_values", "dynamic_dims", "program_tensor_names", "to_onnx"]
 
 MODULE_PATH_KEY = "module_path"
 _TORCH_NODE_KEYS = ("namespace",)
@@ -38,6 +43,15 @@ def output_names(count: int) -> list[str]:
     return ["output"] if count == 1 else [f"output_{i}" for i in range(count)]
 
 
+class Converted(NamedTuple):
+    """What :func:`to_onnx` made: the optimized model, the renaming of its dynamic dims, and what the passes
+    run on the program before conversion changed (``{pass name: PassResult}``)."""
+
+    model: ir.Model
+    renamed: dict[str, str]
+    passes: dict[str, PassResult]
+
+
 def to_onnx(
     program: torch.export.ExportedProgram,
     args: tuple,
@@ -46,12 +60,13 @@ def to_onnx(
     n_outputs: int,
     record_module_path: bool,
     translations: dict[Any, Any] | None = None,
-) -> tuple[ir.Model, dict[str, str]]:
+) -> Converted:
     """The optimized ONNX model (onnx_ir) of a captured program, and the renaming of its dynamic dims.
 
     ``translations`` is torch.onnx's ``custom_translation_table`` (the collectives, ``collectives.py``).
     """
     names = output_names(n_outputs)
+    passes = {"contiguous_view_inputs": contiguous_view_inputs(program.graph_module)}
 
     def convert() -> Any:
         return torch.onnx.export(
@@ -82,7 +97,7 @@ def to_onnx(
         onnx_program.rename_axes(mapping)
     else:
         mapping = {}
-    return model, mapping
+    return Converted(model, mapping, passes)
 
 
 def _concrete_dims(model: ir.Model) -> None:

@@ -25,6 +25,8 @@ not change the model.
   ``dynamic=True`` asked for that stayed static, ``{"input[axis]": size}``;
 - ``state``: ``buffers`` (names of buffers baked in), ``mutated_buffers`` (those torch.export saw updated
   in place), ``note``;
+- ``passes``: ``{pass name: nodes changed}`` of the passes run on the program before conversion
+  (``contiguous_view_inputs``, views.py);
 - ``module_paths``: ``{"recorded": bool, "key": "module_path"}`` (the node metadata key, see convert.py);
 - ``weights``: ``external`` (bool), ``threshold_bytes``, ``total_bytes``, ``count``, ``files``
   ({initializer name: file}, external only);
@@ -220,7 +222,7 @@ def export_model(
         from airgraph.export.collectives import translation_table
 
         translations = translation_table()
-    onnx_model, renamed = to_onnx(
+    onnx_model, renamed, passes = to_onnx(
         program,
         args,
         kwargs,
@@ -239,6 +241,7 @@ def export_model(
     metadata = _metadata(layout, model, program, onnx_model, inputs, outputs, dynamic, config)
     if layout.rank is not None:
         metadata["distributed"] = _distributed_metadata(onnx_model)
+    metadata["passes"] = {name: result.changed for name, result in passes.items()}
     metadata["dynamic_dims"] = dynamic_dims(program, renamed, inputs, reference.inputs)
     metadata["pinned_dims"] = _pinned(inputs, reference.inputs) if dynamic else {}
     if dynamic and any(size <= 1 for size in metadata["pinned_dims"].values()):

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -94,6 +95,49 @@ class Unlowerable(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.airgraph_export_test.mystery(self.lin(x)) + 1  # line UNLOWERABLE_LINE
+
+
+class BiasedAttention(nn.Module):
+    """Self-attention with a learned per-head bias as SDPA's float mask; ``merge`` says how heads are merged.
+
+    The mask requires grad at capture, so torch.export traces SDPA's math kernel (a contiguous [B, H, L, D]
+    output) while torch.onnx's retrace, without autograd, picks the CPU flash kernel (laid out [B, L, H, D]):
+    the merge after ``transpose(1, 2)`` is a view in one trace and not in the next (airgraph/export/views.py).
+    """
+
+    def __init__(self, merge: str = "reshape", dim: int = 32, heads: int = 2, seq_len: int = 7) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.merge, self.heads = merge, heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.out = nn.Linear(dim, dim)
+        self.bias = nn.Parameter(torch.randn(heads, seq_len, seq_len))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, _ = x.shape
+        q, k, v = self.qkv(x).view(b, n, 3, self.heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
+        mask = self.bias.expand(b, -1, -1, -1)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2)
+        if self.merge == "reshape":
+            y = y.reshape(b, n, -1)  # line MERGE_HEADS_LINE
+        elif self.merge == "contiguous_view":
+            y = y.contiguous().view(b, n, -1)
+        else:
+            y = y.flatten(2)
+        return self.out(y)
+
+
+class ReshapedThenUpdated(nn.Module):
+    """A reshape whose result is then updated in place: it must stay a view of ``h`` (the update shows in h)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.lin(x).transpose(0, 1).contiguous()
+        h.view(-1).add_(1.0)
+        return h * 2
 
 
 def line_of(marker: str) -> int:
