@@ -36,7 +36,8 @@ from __future__ import annotations
 
 import torch
 
-from airgraph.passes.base import PassResult, aliased_base, mutated_nodes, node_label
+from airgraph.graph.analysis import aliased_base, mutated_nodes, node_label
+from airgraph.passes.base import PassResult
 
 __all__ = ["LAYOUT_DEPENDENT", "contiguous_view_inputs"]
 
