@@ -214,7 +214,7 @@ def decode_bench(args: argparse.Namespace) -> dict[str, Any]:
                 **runtime_counts(lambda i, step=step: step(tokens[32 + i], masks[32 + i]), 20),
             }
     for name in ("all_on_device", "placed"):
-        for got, want in zip(outputs[name], outputs["eager"]):
+        for got, want in zip(outputs[name], outputs["eager"], strict=True):
             torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
     off, on = result["all_on_device"], result["placed"]
     if not off["kernel_launches"]:

@@ -75,13 +75,13 @@ def test_training_three_steps_match_eager(kernel_backend):
         assert_close(loss, ref_loss)
         loss.backward()
         ref_loss.backward()
-        for p, q in zip(model.parameters(), reference.parameters()):
+        for p, q in zip(model.parameters(), reference.parameters(), strict=True):
             assert_close(p.grad, q.grad)
         opt.step()
         ref_opt.step()
         opt.zero_grad()
         ref_opt.zero_grad()
-    for p, q in zip(model.parameters(), reference.parameters()):
+    for p, q in zip(model.parameters(), reference.parameters(), strict=True):
         assert_close(p, q)
     for name, buf in model.named_buffers():
         assert_close(buf, dict(reference.named_buffers())[name])
@@ -155,7 +155,7 @@ def test_tiny_llama_prefill_and_decode(kernel_backend, mode):
         for step in range(3):
             tokens, pos = decode_inputs(cfg, 1, 6 + step, seed=step)
             assert_close(compiled(tokens, pos), reference(tokens, pos))
-    for buf, ref_buf in zip(model.buffers(), reference.buffers()):
+    for buf, ref_buf in zip(model.buffers(), reference.buffers(), strict=True):
         assert_close(buf, ref_buf)  # the KV caches were updated in place, as eager does
 
 

@@ -244,7 +244,7 @@ def _record(
     timed = np.array(times[1 + warmup :]) * 1e3
     p10, median, p90 = (float(x) for x in np.percentile(timed, [10, 50, 90]))
     max_diff, ok = 0.0, True
-    for out, ref in zip(outputs, reference):
+    for out, ref in zip(outputs, reference, strict=True):
         max_diff = max(max_diff, float((out.float() - ref.float()).abs().max()))
         ok = ok and torch.allclose(out.float(), ref.float(), atol=atol, rtol=rtol)
     reports = backend.reports if backend is not None else None

@@ -232,5 +232,5 @@ def call_quietly(fn: Callable[[], Any]) -> Any:
             warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"onnx\.reference\.")
             return fn()
     finally:
-        for lg, level in zip(loggers, levels):
+        for lg, level in zip(loggers, levels, strict=True):
             lg.setLevel(level)

@@ -231,7 +231,7 @@ def dynamic_dims(
     """
     ranges = {renamed.get(str(sym), str(sym)): vr for sym, vr in program.range_constraints.items()}
     out: dict[str, dict[str, Any]] = {}
-    for desc, example in zip(inputs, examples):
+    for desc, example in zip(inputs, examples, strict=True):
         for axis, dim in enumerate(desc["shape"]):
             if not isinstance(dim, str):
                 continue

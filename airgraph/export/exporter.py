@@ -352,7 +352,7 @@ def _distributed_metadata(onnx_model: Any) -> dict[str, Any]:
 
 def _pinned(inputs: list[dict[str, Any]], examples: list[torch.Tensor]) -> dict[str, int]:
     pinned = {}
-    for desc, example in zip(inputs, examples):
+    for desc, example in zip(inputs, examples, strict=True):
         for axis in capture_mod.DYNAMIC_AXES:
             if axis < example.ndim and isinstance(desc["shape"][axis], int):
                 pinned[f"{desc['name']}[{axis}]"] = int(example.shape[axis])
@@ -365,7 +365,7 @@ def _write_reference(
     arrays = {}
     for kind, descs, tensors in (("inputs", inputs, reference.inputs), ("outputs", outputs, reference.outputs)):
         try:
-            arrays[kind] = {d["name"]: _to_numpy(t) for d, t in zip(descs, tensors)}
+            arrays[kind] = {d["name"]: _to_numpy(t) for d, t in zip(descs, tensors, strict=True)}
         except TypeError as exc:
             return {"inputs": None, "outputs": None, "skipped": str(exc)}
     out: dict[str, Any] = {}

@@ -220,7 +220,7 @@ class StagedModel:
         session = ort.InferenceSession(sub.SerializeToString(), sess_options=options, providers=self.providers)
         self.stages_run += 1
         results = session.run(wanted, {n: values[n] for n in feed_names})
-        return dict(zip(wanted, results))
+        return dict(zip(wanted, results, strict=True))
 
 
 def _rank_path(template: str | None, rank: int) -> str | None:

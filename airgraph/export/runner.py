@@ -157,7 +157,7 @@ def check_inputs(info: ExportInfo, feeds: dict[str, np.ndarray]) -> list[str]:
             raise RunError(f"input {name!r}: dtype {array.dtype.name}, the model takes {spec['dtype']}")
         if array.ndim != len(spec["shape"]):
             raise RunError(f"input {name!r}: shape {list(array.shape)}, the model takes {spec['shape']}")
-        for axis, (size, dim) in enumerate(zip(array.shape, spec["shape"])):
+        for axis, (size, dim) in enumerate(zip(array.shape, spec["shape"], strict=True)):
             where = f"{name}[{axis}]"
             if isinstance(dim, int) and size != dim:
                 raise RunError(f"input {name!r}: shape {list(array.shape)}, the model takes {spec['shape']}")
@@ -207,7 +207,7 @@ def _run(session: Any, info: ExportInfo, feeds: dict[str, np.ndarray]) -> dict[s
         results = session.run(names, feeds)
     except Exception as exc:
         raise RunError(f"onnxruntime failed to run the model: {exc}") from None
-    return dict(zip(names, results))
+    return dict(zip(names, results, strict=True))
 
 
 def reference(info: ExportInfo, which: str) -> dict[str, np.ndarray]:

@@ -91,9 +91,10 @@ def inplace_callable(node: torch.fx.Node) -> Any:
     out, inp = node.meta.get("val"), src.meta.get("val")
     if not isinstance(out, torch.Tensor) or not isinstance(inp, torch.Tensor):
         return None
-    same = out.dtype == inp.dtype and out.device == inp.device and out.dim() == inp.dim()
-    pairs = [*zip(out.shape, inp.shape), *zip(out.stride(), inp.stride())]
-    if not same or not all(statically_known_true(a == b) for a, b in pairs):
+    if out.dtype != inp.dtype or out.device != inp.device or out.dim() != inp.dim():
+        return None
+    pairs = [*zip(out.shape, inp.shape, strict=True), *zip(out.stride(), inp.stride(), strict=True)]
+    if not all(statically_known_true(a == b) for a, b in pairs):
         return None
     name = target._schema.name.split("::")[-1] + "_"
     overload = getattr(getattr(torch.ops.aten, name, None), target._overloadname, None)

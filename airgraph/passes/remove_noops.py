@@ -55,8 +55,8 @@ def _val(node: object) -> torch.Tensor | None:
 def _same_meta(a: torch.Tensor, b: torch.Tensor) -> bool:
     if a.dtype != b.dtype or a.device != b.device or a.dim() != b.dim():
         return False
-    same_sizes = all(statically_known_true(x == y) for x, y in zip(a.shape, b.shape))
-    same_strides = all(statically_known_true(x == y) for x, y in zip(a.stride(), b.stride()))
+    same_sizes = all(statically_known_true(x == y) for x, y in zip(a.shape, b.shape, strict=True))
+    same_strides = all(statically_known_true(x == y) for x, y in zip(a.stride(), b.stride(), strict=True))
     return same_sizes and same_strides
 
 

@@ -325,7 +325,8 @@ class GraphCapture:
             split.last_run = None
             entry.statics = statics
             boundary = split.boundary(values)
-            entry.refill = [(buf, t) for buf, t in zip(boundary, split.transfers) if not t.static]
+            transfers = split.transfers  # the boundary holds their copies first, then the feeds
+            entry.refill = [(b, t) for b, t in zip(boundary[: len(transfers)], transfers, strict=True) if not t.static]
             device_args, capture_fn = [*args, *boundary], split.device_fn
         # Non-static device inputs get buffers of their own; their contents are copied in before each replay
         # (recording reads no data, so they start uninitialized). Host work's inputs are read outside the graph.
@@ -470,7 +471,7 @@ def _output_plan(
         else:
             plan.append((_COPY, _storage(out)))
     shared = Counter(how[1] for how in plan if how[0] == _COPY)
-    for i, (out, how) in enumerate(zip(outputs, plan)):
+    for i, (out, how) in enumerate(zip(outputs, plan, strict=True)):
         if how[0] == _COPY and shared[how[1]] == 1:
             non_overlapping, dense = _layout(out)
             if non_overlapping:
@@ -484,7 +485,8 @@ def _layout(t: torch.Tensor) -> tuple[bool, bool]:
     storage keeps its layout). Dense: each stride is exactly that span (a permutation of a contiguous layout,
     whose strides ``clone`` keeps)."""
     span, dense = 1, True
-    for size, stride in sorted(((n, st) for n, st in zip(t.shape, t.stride()) if n != 1), key=lambda p: p[1]):
+    dims = [(n, st) for n, st in zip(t.shape, t.stride(), strict=True) if n != 1]
+    for size, stride in sorted(dims, key=lambda p: p[1]):
         if stride < span:
             return False, False
         dense = dense and stride == span
@@ -500,7 +502,7 @@ def _copy_out(entry: _Key, args: list) -> list[Any]:
     """The replay's outputs for the caller: pool memory copied once per storage, offsets and sharing kept."""
     copies: dict[int, Any] = {}
     outputs = []
-    for out, how in zip(entry.static_outputs, entry.outputs):
+    for out, how in zip(entry.static_outputs, entry.outputs, strict=True):
         if how[0] == _CLONE:
             if how[1]:
                 outputs.append(out.clone())

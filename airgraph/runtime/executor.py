@@ -10,7 +10,8 @@ Host segments (placement "host", see passes/host_placement.py) run on the CPU li
 CUDA, a host value that one of host placement's copies sends to the device is pinned first, so the copy
 (``non_blocking=True``) is truly asynchronous; the caching host allocator keeps the pinned block until the
 copy has run. A graph input is always copied into a fresh pinned buffer first: the caller may write to its
-tensor as soon as the call returns, while the asynchronous copy may not have run yet. For reduce-overhead, :class:`airgraph.runtime.host.HostSplit` cuts the host work off the device work.
+tensor as soon as the call returns, while the asynchronous copy may not have run yet. For reduce-overhead,
+:class:`airgraph.runtime.host.HostSplit` runs the host work around the device work.
 """
 
 from __future__ import annotations

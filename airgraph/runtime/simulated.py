@@ -100,7 +100,7 @@ class SimGraph:
     def replay(self) -> None:
         self.replays += 1
         fresh = self.fn(list(self.args))
-        for kept, new in zip(self.outputs, fresh):
+        for kept, new in zip(self.outputs, fresh, strict=True):
             if isinstance(kept, torch.Tensor) and kept is not new:
                 with torch.no_grad():
                     self.runtime.copy_(kept, new)  # the recorded kernels write the recorded outputs
@@ -254,7 +254,7 @@ class SimulatedCuda:
                     self._access(value, stream, stamp, label, write=i in written)
             versions = [v._version if isinstance(v, torch.Tensor) else None for v in inputs]
             outputs = fn(args)
-            for i, (value, version) in enumerate(zip(inputs, versions)):
+            for i, (value, version) in enumerate(zip(inputs, versions, strict=True)):
                 if version is not None and value._version != version and i not in written:
                     # a write the executor's analysis (written_inputs) did not see: it ordered nothing for it
                     self.problems.append(f"{label} writes its input {i} in place, unknown to the executor")

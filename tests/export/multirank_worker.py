@@ -1,4 +1,7 @@
-"""One rank of a multi-rank export test: ``python -m tests.export.multirank_worker MODEL RANK WORLD PORT OUT [--atc] [--external]``.
+"""One rank of a multi-rank export test.
+
+    python -m tests.export.multirank_worker MODEL RANK WORLD PORT OUT [--atc] [--external]
+
 
 Initializes gloo at 127.0.0.1:PORT, builds MODEL (``seed``: the seed's multi-card example; ``gather``: all_gather
 and an averaging all_reduce), exports it with ``airgraph.compat.torchair.dynamo_export`` into OUT/mp (export_name
@@ -72,9 +75,9 @@ def main(argv: list[str]) -> None:
     with torch.no_grad():
         result = model(*fresh)
     results = result if isinstance(result, tuple) else (result,)
-    arrays = {f"in_{n}": t.numpy() for n, t in zip(names, fresh)}
+    arrays = {f"in_{n}": t.numpy() for n, t in zip(names, fresh, strict=True)}
     keys = ["output"] if len(results) == 1 else [f"output_{i}" for i in range(len(results))]
-    arrays.update({f"out_{k}": t.numpy() for k, t in zip(keys, results)})
+    arrays.update({f"out_{k}": t.numpy() for k, t in zip(keys, results, strict=True)})
     np.savez(out / f"eager_rank{rank}.npz", **arrays)
     dist.destroy_process_group()
 

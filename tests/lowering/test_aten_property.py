@@ -31,7 +31,7 @@ def test_random_dags_match_eager(steps):
     x_in, y_in = x.clone(), y.clone()
     expected = program(x, y)
     got = run([x_in, y_in])
-    for g, e in zip(got, expected):
+    for g, e in zip(got, expected, strict=True):
         torch.testing.assert_close(g, e, equal_nan=True)
     torch.testing.assert_close(x_in, x)  # inputs untouched
     torch.testing.assert_close(y_in, y)

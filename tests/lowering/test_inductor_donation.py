@@ -74,6 +74,6 @@ def test_training_with_donated_buffers_matches_eager():
         x = torch.randn(5, 8)
         compiled(x).square().sum().backward()
         reference(x).square().sum().backward()
-    for p, q in zip(model.parameters(), reference.parameters()):
+    for p, q in zip(model.parameters(), reference.parameters(), strict=True):
         assert_close(p.grad, q.grad)
     assert {r.kind for r in backend.reports} == {"forward", "backward"}

@@ -44,7 +44,7 @@ def test_one_segment_is_the_executor_itself():
     lower_all(segments, "aten")
     run = build_executor(gm, segments, CPU)
     assert run is segments[0].compiled
-    for got, want in zip(run(list(args)), fn(*args)):
+    for got, want in zip(run(list(args)), fn(*args), strict=True):
         torch.testing.assert_close(got, want)
 
 
@@ -67,7 +67,7 @@ def test_segments_split_at_key_changes_and_executor_matches_eager(backend):
     assert {s.backend for s in segments} == {backend}
     run = build_executor(gm, segments, CPU)
     assert run is not segments[0].compiled
-    for got, want in zip(run(list(args)), fn(*args)):
+    for got, want in zip(run(list(args)), fn(*args), strict=True):
         torch.testing.assert_close(got, want)
     # Values are dropped after their last reader: the generated source deletes the first segment's output.
     assert "del" in run.source
@@ -130,7 +130,7 @@ def test_inplace_only_on_dying_fresh_values():
     assert {name.rsplit("_inplace_", 1)[0] for name in inplace} == {"mul_Tensor", "add_Tensor"}
     assert run.source.count("_inplace_") == 2  # sin*2 and exp+1; not a+y, arange+0.5, cos*ones
     x_before, y_before = x.clone(), y.clone()
-    for got, want in zip(run([x, y]), fn(x, y)):
+    for got, want in zip(run([x, y]), fn(x, y), strict=True):
         torch.testing.assert_close(got, want)
     torch.testing.assert_close(x, x_before)  # graph inputs are never written
     torch.testing.assert_close(y, y_before)

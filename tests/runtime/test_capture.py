@@ -206,7 +206,7 @@ def test_tiny_llama_decode_captured(kernel_backend, target):
         for step in range(6):
             tokens, pos = decode_inputs(cfg, 1, 8 + step, seed=step, device=target.device)
             assert_close(compiled(tokens, pos), reference(tokens, pos))
-    for buf, ref in zip(model.buffers(), reference.buffers()):
+    for buf, ref in zip(model.buffers(), reference.buffers(), strict=True):
         assert_close(buf, ref)
     assert backend.reports[0].captured
 
@@ -222,7 +222,7 @@ def test_training_step_under_reduce_overhead(target):
         loss.backward()
         ref.backward()
         assert_close(loss, ref)
-        for p, q in zip(model.parameters(), reference.parameters()):
+        for p, q in zip(model.parameters(), reference.parameters(), strict=True):
             assert_close(p.grad, q.grad)
             p.grad = None
             q.grad = None

@@ -44,8 +44,8 @@ def test_seed_model_runs_its_streams_race_free_and_equals_eager(kernel_backend, 
     model, sim = SeedModel(), SimulatedCuda()
     calls = [seed_inputs(i) for i in range(5)]
     got, backend = run_checked(model, sim, calls, mode=mode, kernel_backend=kernel_backend, fullgraph=True)
-    for outputs, args in zip(got, calls):
-        for actual, expected in zip(outputs, model(*args)):
+    for outputs, args in zip(got, calls, strict=True):
+        for actual, expected in zip(outputs, model(*args), strict=True):
             assert_close(actual, expected)
     (report,) = backend.reports
     assert {s.stream for s in report.segments} == {None, "1", "2"}  # streams split the CPU graph here
@@ -63,7 +63,7 @@ def test_kept_outputs_stay_correct_across_replays():
     calls = [(torch.full((8,), float(i)),) for i in range(6)]
     got, backend = run_checked(fn, sim, calls, mode="reduce-overhead", kernel_backend="aten")
     assert backend.reports[0].captured
-    for out, (x,) in zip(got, calls):  # every kept output still holds its own step's values
+    for out, (x,) in zip(got, calls, strict=True):  # every kept output still holds its own step's values
         assert_close(out, fn(x))
 
 
@@ -81,7 +81,7 @@ def test_a_write_after_a_side_stream_read_waits_for_it():
         sim, buf, expected_buf = SimulatedCuda(), torch.zeros(16), torch.zeros(16)
         calls = [(buf, torch.full((4,), float(i))) for i in range(4)]
         got, _ = run_checked(fn, sim, calls, mode=mode, kernel_backend="aten")
-        for (total, doubled), (_, x) in zip(got, calls):
+        for (total, doubled), (_, x) in zip(got, calls, strict=True):
             want_total, want_doubled = fn(expected_buf, x)
             assert_close(total, want_total)
             assert_close(doubled, want_doubled)
@@ -144,7 +144,7 @@ def test_an_output_viewing_an_input_keeps_its_offset_under_dynamic_shapes():
     calls = [(torch.arange(n, dtype=torch.float32),) for n in (6, 6, 6, 8, 8, 8)]
     got, backend = run_checked(fn, sim, calls, mode="reduce-overhead", kernel_backend="aten", dynamic=True)
     assert backend.reports[0].capture_keys >= 1
-    for outputs, (x,) in zip(got, calls):
+    for outputs, (x,) in zip(got, calls, strict=True):
         view, doubled = outputs
         assert_close(view, x[x.shape[0] // 2 :])
         assert view.data_ptr() == x[x.shape[0] // 2 :].data_ptr()  # a view of the caller's tensor
@@ -159,7 +159,7 @@ def test_outputs_sharing_storage_keep_offsets_and_sharing():
     sim = SimulatedCuda()
     calls = [(torch.arange(5, dtype=torch.float32) + i,) for i in range(5)]
     got, _ = run_checked(fn, sim, calls, mode="reduce-overhead", kernel_backend="aten", dynamic=True)
-    for (y, tail), (x,) in zip(got, calls):
+    for (y, tail), (x,) in zip(got, calls, strict=True):
         assert_close(y, x * 2)
         assert_close(tail, (x * 2)[1:])
         assert tail.untyped_storage().data_ptr() == y.untyped_storage().data_ptr()  # one storage, as in eager
@@ -180,7 +180,7 @@ def test_empty_outputs_keep_their_dtype():
     calls = [(torch.randn(4), torch.empty(0, 4)) for _ in range(4)]
     got, backend = run_checked(fn, sim, calls, mode="reduce-overhead", kernel_backend="aten")
     assert backend.reports[0].captured
-    for (doubled, shifted), (x, _) in zip(got, calls):
+    for (doubled, shifted), (x, _) in zip(got, calls, strict=True):
         assert_close(doubled, x * 2)
         assert shifted.dtype == torch.int64 and shifted.shape == (0, 4)
 
@@ -209,7 +209,7 @@ def test_an_expanded_input_is_copied_into_its_buffer():
     assert calls[0][1].stride() == (0, 1)
     got, backend = run_checked(fn, sim, calls, mode="reduce-overhead", kernel_backend="aten")
     assert backend.reports[0].captured
-    for out, args in zip(got, calls):
+    for out, args in zip(got, calls, strict=True):
         assert_close(out, fn(*args))
 
 
@@ -228,8 +228,8 @@ def test_random_stream_dags_are_race_free_and_equal_eager(steps, mode):
     program, sim = build(steps), SimulatedCuda()
     calls = [(torch.randn(4, 4) * 0.5, torch.randn(4, 4) * 0.5) for _ in range(3)]
     got, _ = run_checked(program, sim, calls, mode=mode, kernel_backend="aten", fullgraph=True)
-    for outputs, args in zip(got, calls):
-        for actual, expected in zip(outputs, program(*args)):
+    for outputs, args in zip(got, calls, strict=True):
+        for actual, expected in zip(outputs, program(*args), strict=True):
             assert_close(actual, expected)
 
 
@@ -309,7 +309,7 @@ def test_random_ops_draw_once_per_call_under_capture():
     torch.manual_seed(0)
     got = [compiled(x) for _ in range(4)]  # the first call runs, then records; the others replay
     assert backend.reports[0].captured
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         assert_close(g, w)
 
 
@@ -323,7 +323,7 @@ def test_a_data_dependent_op_keeps_the_graph_uncaptured_on_the_simulator_too():
         got, backend = run_checked(fn, SimulatedCuda(), calls, mode="reduce-overhead", kernel_backend="aten")
     finally:
         torch._dynamo.config.capture_dynamic_output_shape_ops = False
-    for out, (x,) in zip(got, calls):
+    for out, (x,) in zip(got, calls, strict=True):
         assert_close(out, fn(x))
     report = backend.reports[0]
     assert not report.captured and "aten.nonzero.default" in report.uncaptured_reason
@@ -353,7 +353,7 @@ def test_weights_saved_for_backward_are_used_in_place(monkeypatch):
             with sim.call():
                 compiled(x).square().sum().backward()
             reference(x).square().sum().backward()
-            for p, q in zip(model.parameters(), reference.parameters()):
+            for p, q in zip(model.parameters(), reference.parameters(), strict=True):
                 assert_close(p.grad, q.grad)
                 p.grad, q.grad = None, None
         sim.check()
@@ -379,7 +379,7 @@ def test_an_expanded_output_is_copied_with_its_layout():
     calls = [(torch.randn(3, 8),) for _ in range(4)]
     got, backend = run_checked(fn, SimulatedCuda(), calls, mode="reduce-overhead", kernel_backend="aten")
     assert backend.reports[0].captured
-    for out, (x,) in zip(got, calls):
+    for out, (x,) in zip(got, calls, strict=True):
         assert_close(out, fn(x))
         assert out.stride() == (0, 1)
 

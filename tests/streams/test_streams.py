@@ -24,7 +24,7 @@ def seed_inputs(size: int = 64) -> list[torch.Tensor]:
 def test_seed_model_matches_eager(kernel_backend, mode):
     model, inputs = SeedModel(), seed_inputs()
     compiled, backend = compile_with(model, kernel_backend=kernel_backend, mode=mode, fullgraph=True)
-    for got, want in zip(compiled(*inputs), model(*inputs)):
+    for got, want in zip(compiled(*inputs), model(*inputs), strict=True):
         assert_close(got, want)
     (report,) = backend.reports
     assert len(report.events) == 2
@@ -63,7 +63,7 @@ def test_streams_pass_switched_off_runs_everything_on_one_stream():
     report = airgraph.explain(model, *inputs, config=make_config(kernel_backend="aten", **{"passes.streams": False}))
     assert all(n.stream is None for n in report.graphs[0].nodes)
     compiled, _ = compile_with(model, kernel_backend="aten", **{"passes.streams": False})
-    for got, want in zip(compiled(*inputs), model(*inputs)):
+    for got, want in zip(compiled(*inputs), model(*inputs), strict=True):
         assert_close(got, want)
 
 
@@ -140,7 +140,7 @@ def test_eager_cpu_calls_are_harmless():
     model, inputs = SeedModel(), seed_inputs()
     first = model(*inputs)
     second = model(*inputs)
-    for a, b in zip(first, second):
+    for a, b in zip(first, second, strict=True):
         assert_close(a, b)
     assert_close(first[0], inputs[0] + inputs[1])
 
@@ -202,7 +202,7 @@ def test_seed_model_through_torchair_names():
     config.kernel_backend = "aten"
     backend = tng.get_npu_backend(compiler_config=config)
     compiled = torch.compile(model, backend=backend, dynamic=False, fullgraph=True)
-    for got, want in zip(compiled(*inputs), model(*inputs)):
+    for got, want in zip(compiled(*inputs), model(*inputs), strict=True):
         assert_close(got, want)
     streams = {n.target: n.stream for n in backend.reports[0].nodes if n.target == "aten.mm.default"}
     assert len(backend.reports[0].events) == 2 and streams

@@ -27,7 +27,7 @@ def test_seed_model_on_cuda(kernel_backend, mode):
     kept = [compiled(*inputs) for _ in range(4)]  # warm-up, record, replays; every result kept
     torch.cuda.synchronize()
     for outputs in kept:
-        for got, want in zip(outputs, expected):
+        for got, want in zip(outputs, expected, strict=True):
             assert_close(got, want)
     (report,) = backend.reports
     assert report.captured == (mode == "reduce-overhead")

@@ -51,5 +51,5 @@ def test_random_stream_dags_match_eager(steps, mode):
     program = build(steps)
     x, y = torch.randn(4, 4) * 0.5, torch.randn(4, 4) * 0.5
     compiled, _ = compile_with(program, kernel_backend="aten", mode=mode, fullgraph=True)
-    for got, want in zip(compiled(x, y), program(x, y)):
+    for got, want in zip(compiled(x, y), program(x, y), strict=True):
         assert_close(got, want)
