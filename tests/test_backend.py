@@ -159,13 +159,25 @@ def test_tiny_llama_prefill_and_decode(kernel_backend, mode):
         assert_close(buf, ref_buf)  # the KV caches were updated in place, as eager does
 
 
-def test_backend_by_name():
+def test_backend_by_name(monkeypatch):
+    """torch.compile(backend="airgraph") reaches AirgraphBackend through the torch_dynamo_backends entry point."""
+    from airgraph.backend import AirgraphBackend
+
+    compiled_graphs = []
+    original = AirgraphBackend.compile_graph
+
+    def counted(self, gm, example_inputs, **kwargs):
+        compiled_graphs.append(kwargs["kind"])
+        return original(self, gm, example_inputs, **kwargs)
+
+    monkeypatch.setattr(AirgraphBackend, "compile_graph", counted)
     assert "airgraph" in torch._dynamo.list_backends()
     model = mlp().eval()
     compiled = torch.compile(model, backend="airgraph")
     x = torch.randn(2, 16)
     with torch.no_grad():
         assert_close(compiled(x), model(x))
+    assert compiled_graphs == ["inference"]
 
 
 def test_run_eagerly_uses_the_interpreter():
