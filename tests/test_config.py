@@ -132,5 +132,5 @@ def test_the_kernel_backend_registry_is_the_one_list_of_allowed_values(monkeypat
     with pytest.raises(ValueError, match="invalid value 'interpreter'"):  # registered, but chosen only by the seam
         config.kernel_backend = "interpreter"
     monkeypatch.delitem(backends.KERNEL_BACKENDS, "mine")
-    with pytest.raises(ValueError, match="invalid value 'mine'.*allowed values: 'inductor', 'aten'"):
+    with pytest.raises(ValueError, match=r"invalid value 'mine'.*allowed values: 'inductor', 'aten'"):
         config.kernel_backend = "mine"
