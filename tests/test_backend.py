@@ -12,7 +12,7 @@ from torch import nn
 from airgraph.models import build_tiny_llama, decode_inputs, prefill_inputs
 from tests.helpers import assert_close, compile_with
 
-BACKENDS = ["aten", "inductor"]
+BACKENDS = ["aten", pytest.param("inductor", marks=pytest.mark.slow)]
 MODES = ["max-autotune", "reduce-overhead"]
 
 
@@ -142,7 +142,12 @@ def test_input_mutation_stays_in_graph_and_matches_eager():
 
 # inductor + reduce-overhead on the CPU is the inductor max-autotune path (capture needs CUDA): see tests/runtime.
 @pytest.mark.parametrize(
-    ("kernel_backend", "mode"), [("aten", "max-autotune"), ("aten", "reduce-overhead"), ("inductor", "max-autotune")]
+    ("kernel_backend", "mode"),
+    [
+        ("aten", "max-autotune"),
+        ("aten", "reduce-overhead"),
+        pytest.param("inductor", "max-autotune", marks=pytest.mark.slow),
+    ],
 )
 def test_tiny_llama_prefill_and_decode(kernel_backend, mode):
     model = build_tiny_llama("micro", seed=3)

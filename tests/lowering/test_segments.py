@@ -48,7 +48,7 @@ def test_one_segment_is_the_executor_itself():
         torch.testing.assert_close(got, want)
 
 
-@pytest.mark.parametrize("backend", ["aten", "interpreter", "inductor"])
+@pytest.mark.parametrize("backend", ["aten", "interpreter", pytest.param("inductor", marks=pytest.mark.slow)])
 def test_segments_split_at_key_changes_and_executor_matches_eager(backend):
     gm, args = traced()
     annotate(gm, {aten.cos.default: "s1", aten.relu.default: "s1"})
