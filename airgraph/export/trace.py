@@ -1,4 +1,4 @@
-"""Capture: the eager reference run and Dynamo's one-graph capture (``torch.export.export(strict=True)``).
+"""Tracing for export: the eager reference run and Dynamo's one-graph capture (``torch.export.export(strict=True)``).
 
 Failures become :class:`ExportError` naming what went wrong and the user's source line.
 
