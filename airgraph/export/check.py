@@ -65,6 +65,7 @@ def multi_rank_world(export_dir: str | os.PathLike[str]) -> int | None:
     Raises :class:`RunError` if a rank's ``rank_<r>/export.json`` is missing (an incomplete export).
     """
     root = Path(export_dir)
+    _check_dir(root)
     if (root / METADATA_FILE).is_file():
         return None
     metas = rank_metadata_files(root)
@@ -83,9 +84,17 @@ def multi_rank_world(export_dir: str | os.PathLike[str]) -> int | None:
     return world
 
 
+def _check_dir(root: Path) -> None:
+    if not root.exists():
+        raise RunError(f"{root}: no such directory; give the export_path an export was written to")
+    if not root.is_dir():
+        raise RunError(f"{root}: not a directory; give the export_path an export was written to")
+
+
 def load_export(export_dir: str | os.PathLike[str], rank: int | None = None) -> ExportInfo:
     """Read ``EXPORT_DIR/export.json`` (``rank_<rank>/export.json`` with a rank) and check the files it lists."""
     root = Path(export_dir)
+    _check_dir(root)
     meta_path = root / METADATA_FILE if rank is None else root / f"rank_{rank}" / METADATA_FILE
     if not meta_path.is_file():
         if rank is None and rank_metadata_files(root):

@@ -53,9 +53,17 @@ from airgraph.export.check import (
 __all__ = ["RunError", "find_mpiexec", "main", "open_session", "run_export"]
 
 
+def _onnxruntime() -> Any:
+    try:
+        import onnxruntime
+    except ModuleNotFoundError:
+        raise RunError("running an export needs onnxruntime: pip install 'airgraph[export]'") from None
+    return onnxruntime
+
+
 def open_session(info: ExportInfo, providers: Sequence[str] | None = None) -> Any:
     """An onnxruntime InferenceSession of the export (CPU unless ``providers`` says otherwise)."""
-    import onnxruntime as ort
+    ort = _onnxruntime()
 
     options = ort.SessionOptions()
     options.log_severity_level = 3
@@ -147,7 +155,7 @@ def _main(args: argparse.Namespace) -> int:
     for warning in check_inputs(info, feeds):
         print(f"warning: {warning}", file=sys.stderr)
     session = open_session(info, args.provider)
-    import onnxruntime as ort
+    ort = _onnxruntime()
 
     print(f"model: {info.model_path} (onnxruntime {ort.__version__}, {', '.join(session.get_providers()[:1])})")
     source = args.inputs or info.metadata["reference"]["inputs"]

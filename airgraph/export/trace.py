@@ -10,10 +10,13 @@ specializes sizes 0 and 1), so export with sizes >= 2 for the dims that should v
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import io
 import os
 import re
-from collections.abc import Callable, Sequence
+import sys
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -136,7 +139,8 @@ def capture(
     """Dynamo captures the model as one graph; returns the program and the dynamic_shapes given."""
     shapes = dynamic_shapes_spec(model, args, kwargs) if dynamic else None
     try:
-        program = torch.export.export(model, args, kwargs, dynamic_shapes=shapes, strict=True)
+        with _partial_graph_once():
+            program = torch.export.export(model, args, kwargs, dynamic_shapes=shapes, strict=True)
     except Exception as exc:
         kind, detail = _classify(exc)
         hint = {
@@ -148,6 +152,24 @@ def capture(
         message = f"{detail}{f' in `{code}`' if code else ''}{f' ({hint})' if hint else ''}"
         raise ExportError(kind, message, source=source) from exc
     return program, shapes
+
+
+@contextlib.contextmanager
+def _partial_graph_once() -> Iterator[None]:
+    """torch.export prints the graph captured up to a data-dependent failure to stderr from each of its nested
+    entry points (twice on torch 2.13): what it writes to stderr is held back and written once per graph."""
+    held = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(held):
+            yield
+    except BaseException as exc:
+        text = held.getvalue()
+        partial = getattr(exc, "partial_fx_graph", None)
+        if partial:
+            text = text.replace(f"{partial}\n", "") + f"{partial}\n"
+        sys.stderr.write(text)
+        raise
+    sys.stderr.write(held.getvalue())
 
 
 def conversion_error(exc: BaseException, program: torch.export.ExportedProgram) -> ExportError:
