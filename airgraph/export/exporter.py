@@ -363,16 +363,16 @@ def _write_reference(
     stage: Staging, layout: ExportLayout, inputs: list[dict], outputs: list[dict], reference: trace.Reference
 ) -> dict[str, Any]:
     arrays = {}
-    for kind, descs, tensors in (("inputs", inputs, reference.inputs), ("outputs", outputs, reference.outputs)):
+    for side, descs, tensors in (("inputs", inputs, reference.inputs), ("outputs", outputs, reference.outputs)):
         try:
-            arrays[kind] = {d["name"]: _to_numpy(t) for d, t in zip(descs, tensors, strict=True)}
+            arrays[side] = {d["name"]: _to_numpy(t) for d, t in zip(descs, tensors, strict=True)}
         except TypeError as exc:
             return {"inputs": None, "outputs": None, "skipped": str(exc)}
     out: dict[str, Any] = {}
-    for kind, rel in (("inputs", layout.reference_inputs), ("outputs", layout.reference_outputs)):
+    for side, rel in (("inputs", layout.reference_inputs), ("outputs", layout.reference_outputs)):
         with open(stage.path(rel), "wb") as f:
-            np.savez(f, **arrays[kind])
-        out[kind] = rel
+            np.savez(f, **arrays[side])
+        out[side] = rel
     return out
 
 

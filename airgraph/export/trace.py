@@ -118,7 +118,7 @@ def dynamic_shapes_spec(model: torch.nn.Module, args: tuple, kwargs: dict) -> di
 
 
 def _classify(exc: BaseException) -> tuple[str, str]:
-    """(kind, first line of the explanation) of a torch.export failure."""
+    """(reason, first line of the explanation) of a torch.export failure."""
     text = str(exc).strip()
     lines = [line for line in text.splitlines() if line.strip()]
     first = lines[0].strip() if lines else type(exc).__name__
@@ -142,15 +142,15 @@ def capture(
         with _partial_graph_once():
             program = torch.export.export(model, args, kwargs, dynamic_shapes=shapes, strict=True)
     except Exception as exc:
-        kind, detail = _classify(exc)
+        reason, detail = _classify(exc)
         hint = {
             "graph break": "the exported model must be one graph (fullgraph): remove the unsupported code",
             "data-dependent control flow": "use torch.where or torch.cond instead of a Python if on a tensor",
             "data-dependent shape": "shapes must not depend on tensor values",
-        }.get(kind)
+        }.get(reason)
         source, code = user_source(_frames_of_exception(exc))
         message = f"{detail}{f' in `{code}`' if code else ''}{f' ({hint})' if hint else ''}"
-        raise ExportError(kind, message, source=source) from exc
+        raise ExportError(reason, message, source=source) from exc
     return program, shapes
 
 
