@@ -120,6 +120,7 @@ class _Key:
     recaptures: int = 0  # times static inputs moved (each drops the graph; re-recorded up to MAX_RECAPTURES)
     outputs: list[tuple] = field(default_factory=list)  # _output_plan
     owned: list[torch.Tensor] = field(default_factory=list)  # the buffers GraphCapture allocated for the graph
+    replays: int = 0
 
 
 class MemoryPool:
@@ -447,6 +448,7 @@ class GraphCapture:
                 dims = entry.expanded[i]
                 runtime.copy_(_one_per_expanded(buffer, dims), _one_per_expanded(a, dims))
         entry.graph.replay()
+        entry.replays += 1
         for i in entry.copy_back:  # mutated inputs that had a buffer (CPU inputs were mutated in place)
             if static_args[i].data_ptr() != args[i].data_ptr():
                 runtime.copy_(args[i], static_args[i])
