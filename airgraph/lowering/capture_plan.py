@@ -82,6 +82,7 @@ def plan_host_work(gm: torch.fx.GraphModule) -> HostPlan:
     """Classify the graph's host work for capture; see :class:`HostPlan`."""
     plan = HostPlan()
     origin = plan.origin
+    weak = False  # the problem found is one of size arithmetic
     for node in gm.graph.nodes:
         val = node.meta.get("val")
         if node.op == "placeholder":
@@ -101,13 +102,16 @@ def plan_host_work(gm: torch.fx.GraphModule) -> HostPlan:
             continue
         origin[node] = DEVICE
         for inp in node.all_input_nodes:
-            if origin[inp] == DEVICE or plan.problem is not None:
+            if origin[inp] == DEVICE or (plan.problem is not None and not weak):
                 continue
             if _is_transfer(node, inp):
                 if free_unbacked_symbols(node.meta.get("val")):
-                    plan.problem = (
-                        f"{node.name} = {node.target} copies {inp.name} to the device with a data-dependent shape "
-                        "(it depends on input data): a CUDA graph's buffer has one shape"
+                    plan.problem, weak = (
+                        (
+                            f"{node.name} = {node.target} copies {inp.name} to the device with a data-dependent shape "
+                            "(it depends on input data): a CUDA graph's buffer has one shape"
+                        ),
+                        False,
                     )
                 plan.transfers.append(node)
             elif inp.op == "placeholder" and origin[inp] == STATIC:
@@ -115,11 +119,13 @@ def plan_host_work(gm: torch.fx.GraphModule) -> HostPlan:
             elif origin[inp] == STATIC and (not tensors(inp.meta.get("val")) or inp.meta["val"].dim() == 0):
                 if inp not in plan.feeds:
                     plan.feeds.append(inp)
-            else:
+            elif plan.problem is None or (weak and tensors(node.meta.get("val"))):
                 what = "changes with every call" if origin[inp] == PER_CALL else "is a CPU tensor"
                 plan.problem = (
                     f"{node.name} = {node.target} reads {inp.name}, a host value that {what}, inside the CUDA graph"
                 )
+                # arithmetic on sizes (a runtime check of an unbacked size): a tensor op's problem says more
+                weak = not tensors(node.meta.get("val"))
     return plan
 
 
@@ -179,17 +185,20 @@ def find_uncapturable(gm: torch.fx.GraphModule, *, simulated: bool = False) -> s
             statics.append({s for n in plan.static for s in free_unbacked_symbols(n.meta.get("val"))})
         return statics[0]
 
+    unchecked = None  # an assert on values that change per call: the host work's problem, if any, says why first
     for node in gm.graph.nodes:
         if node.op == "call_function" and not on_host(node):
             reason = host_sync_reason(node, static_symbols)
-            if reason is not None:
+            if reason is not None and node.target is torch.ops.aten._assert_scalar.default:
+                unchecked = unchecked or reason
+            elif reason is not None:
                 return reason
-    if simulated:
-        return None
-    if has_host_work(gm):
+    if has_host_work(gm) and not simulated:
         problem = plan_host_work(gm).problem
         if problem is not None:
             return problem
+    if unchecked is not None or simulated:
+        return unchecked
     per_call: set[torch.fx.Node] = set()
     for node in gm.graph.nodes:
         val = node.meta.get("val")
