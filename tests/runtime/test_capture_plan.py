@@ -111,3 +111,21 @@ def test_a_constant_cpu_scalar_is_captured_and_replays_right():
     report = run_scalar(lambda x: x * torch.tensor(2.5), host_placement=False)
     assert report.captured and report.uncaptured_reason is None
     assert [n.device for n in report.nodes if n.target == "aten.lift_fresh_copy.default"] == ["cpu"]
+
+
+@pytest.mark.cuda
+def test_cpu_scalars_on_cuda():
+    def run(fn, host_placement: bool):
+        options = {"passes.host_placement": host_placement}
+        compiled, backend = compile_with(fn, mode="reduce-overhead", kernel_backend="aten", **options)
+        x = torch.randn(4, device="cuda")
+        torch.manual_seed(0)
+        want = [fn(x) for _ in range(4)]
+        torch.manual_seed(0)
+        for expected in want:
+            assert_close(compiled(x), expected)
+        return backend.reports[0]
+
+    assert "changes from call to call" in run(noisy_scale, host_placement=False).uncaptured_reason
+    assert run(noisy_scale, host_placement=True).captured
+    assert run(lambda x: x * torch.tensor(2.5), host_placement=False).captured

@@ -247,3 +247,47 @@ def test_cuda_runtime_asks_torch_or_the_environment_for_the_caching_allocator(mo
     assert CUDA.capture_refusal(device) == UNCACHED_ALLOCATOR
     monkeypatch.setenv("PYTORCH_NO_CUDA_MEMORY_CACHING", "0")
     assert CUDA.capture_refusal(device) is None
+
+
+# -- the same on a GPU (`cuda`) --------------------------------------------------------------------------
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", [n for n in SYNCS if n != "device-to-host copy"])
+def test_ops_that_synchronise_are_refused_on_cuda(name, data_dependent_ops):
+    fn, says = SYNCS[name]
+    compiled, backend = compile_with(fn, mode="reduce-overhead", kernel_backend="aten")
+    for _ in range(3):
+        x = torch.randn(8, device="cuda")
+        assert_close(compiled(x), fn(x))
+    (report,) = backend.reports
+    assert not report.captured and says in report.uncaptured_reason
+
+
+@pytest.mark.cuda
+def test_a_replay_after_cublas_workspaces_are_freed_writes_nothing_else():
+    """CUDAGraph Trees' clear, then memory churn: what the replays write stays in their pool."""
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.Linear(512, 256)).cuda()
+    compiled, backend = compile_with(model, mode="reduce-overhead", kernel_backend="aten")
+    with torch.no_grad():
+        for step in range(6):
+            if step >= 2:
+                torch._C._cuda_clearCublasWorkspaces()
+                canaries = [torch.full((1 << 20,), 7.0, device="cuda") for _ in range(8)]  # may reuse freed memory
+            x = torch.randn(64, 256, device="cuda")
+            assert_close(compiled(x), model(x))
+            if step >= 2:
+                torch.cuda.synchronize()
+                assert all(bool((c == 7.0).all()) for c in canaries)
+    assert backend.reports[0].captured
+
+
+@pytest.mark.cuda
+def test_no_caching_allocator_no_capture_on_cuda(monkeypatch):
+    monkeypatch.setenv("PYTORCH_NO_CUDA_MEMORY_CACHING", "1")  # read when the graph is compiled
+    model = torch.nn.Linear(8, 8).cuda()
+    compiled, backend = compile_with(model, mode="reduce-overhead", kernel_backend="aten")
+    with torch.no_grad():
+        x = torch.randn(2, 8, device="cuda")
+        assert_close(compiled(x), model(x))
+    assert backend.reports[0].uncaptured_reason == UNCACHED_ALLOCATOR

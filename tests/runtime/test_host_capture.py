@@ -171,3 +171,14 @@ def test_host_placement_off_gives_the_same_results(scalar_outputs):
     x = torch.randn(4, 6, device="cuda")
     assert_close(on(x), off(x))
     assert not host_nodes(backend)
+
+
+@pytest.mark.parametrize("kernel_backend", ["aten", "inductor"])
+def test_seed_fragment_is_captured_with_its_host_work_once_per_key(kernel_backend, scalar_outputs):
+    compiled, backend = compile_with(fragment, mode="reduce-overhead", kernel_backend=kernel_backend)
+    for shape in [(4, 6)] * 3 + [(3, 8)] * 3:
+        x = torch.randn(shape, device="cuda")
+        assert_close(compiled(x), fragment(x))
+    for report in backend.reports:
+        assert report.captured and report.uncaptured_reason is None
+        assert report.host_prologue["static"] and not report.host_prologue["per_call"]
