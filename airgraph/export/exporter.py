@@ -1,7 +1,7 @@
 """``dynamo_export``: capture a model through Dynamo as one graph and write an ONNX export.
 
 Pipeline (each step its own module): layout checks (``layout.py``) -> Dynamo capture with
-``torch.export.export(strict=True)`` (``capture.py``) -> eager reference run -> ONNX conversion with
+``torch.export.export(strict=True)`` (``trace.py``) -> eager reference run -> ONNX conversion with
 torch's exporter and onnxscript's optimizer (``convert.py``) -> model and weight files (``weights.py``),
 ``dynamo.pbtxt`` (``pbtxt.py``), reference arrays and ``export.json``, staged and committed atomically.
 
@@ -67,12 +67,12 @@ import torch
 
 import airgraph
 from airgraph.config import CompilerConfig
-from airgraph.export import capture as capture_mod
+from airgraph.export import trace
+from airgraph.export.check import TOLERANCES
 from airgraph.export.convert import MODULE_PATH_KEY, describe_values, dynamic_dims, program_tensor_names, to_onnx
 from airgraph.export.errors import ExportError
 from airgraph.export.layout import FORMAT, FORMAT_VERSION, ExportLayout, Staging, check_export_name
 from airgraph.export.pbtxt import render_pbtxt
-from airgraph.export.runner import TOLERANCES
 from airgraph.export.weights import write_model
 from airgraph.store import file_digest
 
@@ -210,10 +210,10 @@ def export_model(
         )
     timings: dict[str, float] = {}
     start = time.perf_counter()
-    program, _ = capture_mod.capture(model, args, kwargs, dynamic=dynamic)
+    program, _ = trace.capture(model, args, kwargs, dynamic=dynamic)
     timings["capture"] = time.perf_counter() - start
     tick = time.perf_counter()
-    reference = capture_mod.eager_reference(model, args, kwargs)
+    reference = trace.eager_reference(model, args, kwargs)
     timings["eager_reference"] = time.perf_counter() - tick
     tick = time.perf_counter()
     record = config.export.experimental.enable_record_nn_module_stack
@@ -353,26 +353,26 @@ def _distributed_metadata(onnx_model: Any) -> dict[str, Any]:
 def _pinned(inputs: list[dict[str, Any]], examples: list[torch.Tensor]) -> dict[str, int]:
     pinned = {}
     for desc, example in zip(inputs, examples, strict=True):
-        for axis in capture_mod.DYNAMIC_AXES:
+        for axis in trace.DYNAMIC_AXES:
             if axis < example.ndim and isinstance(desc["shape"][axis], int):
                 pinned[f"{desc['name']}[{axis}]"] = int(example.shape[axis])
     return pinned
 
 
 def _write_reference(
-    stage: Staging, layout: ExportLayout, inputs: list[dict], outputs: list[dict], reference: capture_mod.Reference
+    stage: Staging, layout: ExportLayout, inputs: list[dict], outputs: list[dict], reference: trace.Reference
 ) -> dict[str, Any]:
     arrays = {}
-    for kind, descs, tensors in (("inputs", inputs, reference.inputs), ("outputs", outputs, reference.outputs)):
+    for side, descs, tensors in (("inputs", inputs, reference.inputs), ("outputs", outputs, reference.outputs)):
         try:
-            arrays[kind] = {d["name"]: _to_numpy(t) for d, t in zip(descs, tensors, strict=True)}
+            arrays[side] = {d["name"]: _to_numpy(t) for d, t in zip(descs, tensors, strict=True)}
         except TypeError as exc:
             return {"inputs": None, "outputs": None, "skipped": str(exc)}
     out: dict[str, Any] = {}
-    for kind, rel in (("inputs", layout.reference_inputs), ("outputs", layout.reference_outputs)):
+    for side, rel in (("inputs", layout.reference_inputs), ("outputs", layout.reference_outputs)):
         with open(stage.path(rel), "wb") as f:
-            np.savez(f, **arrays[kind])
-        out[kind] = rel
+            np.savez(f, **arrays[side])
+        out[side] = rel
     return out
 
 

@@ -195,7 +195,7 @@ class ObservedRun:
 
 
 class CaptureReport(Protocol):
-    """What GraphCapture keeps up to date in the graph's report (explain/report.py's GraphReport)."""
+    """What GraphCapture keeps up to date in the graph's report (report/schema.py's GraphReport)."""
 
     id: int
     captured: bool
