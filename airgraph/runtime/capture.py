@@ -69,6 +69,8 @@ also sends per-call CPU scalars that kernels read, such as the floats Dynamo pas
 ``dynamic=True``, through such a copy.) A graph whose device work reads a per-call host value any other way
 (a SymInt or Python number computed from input data, a CPU tensor a kernel reads directly) is refused by
 :func:`airgraph.lowering.capture_plan.find_uncapturable` and runs uncaptured.
+
+(Past 400 lines: the policy above and the class that carries it out read together; the output plan is at the end.)
 """
 
 from __future__ import annotations

@@ -36,6 +36,9 @@ recording computes with them); they are allocations the lifetime checker follows
 
 Problems are collected in :attr:`SimulatedCuda.problems`; ``check()`` raises :class:`StreamRaceError` with
 all of them.
+
+(Past 400 lines: the runtime and its checker share every access; the GPU state it models and its simulated device
+are apart, in simulated_state.py and simulated_device.py.)
 """
 
 from __future__ import annotations

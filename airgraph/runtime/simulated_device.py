@@ -32,7 +32,7 @@ from __future__ import annotations
 import contextlib
 import weakref
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -42,9 +42,6 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from airgraph.graph.meta import tensors, transfer_device
 from airgraph.report.fake import fake_cuda_guard
 from airgraph.runtime.simulated_state import GEMMS, SimulatedCudaError, host_sync
-
-if TYPE_CHECKING:
-    from airgraph.runtime.simulated import SimulatedCuda
 
 __all__ = ["DeviceFunctions", "DeviceOps", "Placement", "device_to_host"]
 
@@ -126,7 +123,7 @@ class DeviceFunctions(TorchFunctionMode):
 class DeviceOps(TorchDispatchMode):
     """Runs the simulated device's ops on the CPU, past the GPU state the simulator models (module docstring)."""
 
-    def __init__(self, runtime: SimulatedCuda) -> None:
+    def __init__(self, runtime: Any) -> None:  # runtime: the SimulatedCuda
         super().__init__()
         self.runtime = runtime
 

@@ -30,12 +30,9 @@ import threading
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
-
-if TYPE_CHECKING:
-    from airgraph.runtime.simulated import SimStream, SimulatedCuda
 
 __all__ = ["BREAK_POINTS", "Allocator", "Generator", "SimGraph", "SimulatedCudaError", "Workspaces", "host_sync"]
 
@@ -112,14 +109,14 @@ class Workspaces:
     def __init__(self) -> None:
         self._by_key: dict[tuple[int, int], Workspace] = {}
 
-    def use(self, stream: SimStream, pool: Any) -> Workspace:
+    def use(self, stream: Any, pool: Any) -> Workspace:
         """The workspace a GEMM on ``stream`` uses, allocated (in ``pool``, when capturing into one) if it has none."""
         key = (threading.get_ident(), stream.id)
         if key not in self._by_key:
             self._by_key[key] = Workspace(pool)
         return self._by_key[key]
 
-    def clear(self, stream: SimStream | None = None) -> None:
+    def clear(self, stream: Any = None) -> None:
         """Free every thread's workspaces (``stream``: only that stream's)."""
         for key in [k for k in self._by_key if stream is None or k[1] == stream.id]:
             self._by_key.pop(key).freed = True
@@ -130,7 +127,7 @@ class SimGraph:
     """One graph of the simulator: recorded as ``torch.cuda.CUDAGraph`` is (it implements device.py's Recording),
     replayed by running the recorded function again on the recorded arguments, into the recorded outputs."""
 
-    runtime: SimulatedCuda
+    runtime: Any  # the SimulatedCuda
     pool: Any
     fn: Callable[[list], Any] | None = None
     args: list = field(default_factory=list)
@@ -205,7 +202,7 @@ class SimGraph:
                     rt.copy_(kept, new)  # the recorded kernels write the recorded outputs
 
 
-def _destroyed(runtime: SimulatedCuda, pool: Any, stream: Any) -> None:
+def _destroyed(runtime: Any, pool: Any, stream: Any) -> None:
     """A graph whose capture ended is destroyed (``CUDAGraph::reset``)."""
     if runtime.reset_clears_stream_workspaces:  # torch >= 2.12: clearCublasWorkspacesForStream(capture stream)
         runtime.workspaces.clear(stream)
