@@ -22,7 +22,7 @@ replay's stream is done with them (``record_stream``), whether the key records a
 
 cuBLAS keeps one workspace per (thread, stream), allocated by the first GEMM there and kept until
 ``torch._C._cuda_clearCublasWorkspaces`` (which CUDAGraph Trees call around their own warm-ups and recordings, so
-any ``torch.compile(mode="reduce-overhead")`` in the process does) or, from torch 2.12 on, the destruction of a
+any ``torch.compile(mode="reduce-overhead")`` in the process does) or, in torch 2.13 (not 2.11), the destruction of a
 graph captured on that stream frees it. A recording keeps the pointer of the workspace it found; had the warm-up
 allocated it from the ordinary allocator, a replay after such a free would write into memory that may belong to a
 user's tensor by then. So, as CUDAGraph Trees do, the workspaces are cleared before and after each warm-up and

@@ -136,7 +136,7 @@ class SimulatedCuda:
 
     def __init__(self, *, reset_clears_stream_workspaces: bool = True, caching_allocator: bool = True) -> None:
         """``reset_clears_stream_workspaces``: destroying a graph frees the cuBLAS workspaces of its capture stream
-        (torch >= 2.12; False: torch 2.11). ``caching_allocator``: False stands for
+        (torch 2.13 does, 2.11 does not; False: torch 2.11). ``caching_allocator``: False stands for
         ``PYTORCH_NO_CUDA_MEMORY_CACHING=1``."""
         self.problems: list[str] = []
         self.default_stream = SimStream("default")

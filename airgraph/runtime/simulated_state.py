@@ -13,7 +13,7 @@ Each piece is modelled so that the mistake it stands for fails a simulated run t
 - :class:`Workspaces`: cuBLAS's workspaces, one per (thread, stream): the first GEMM there allocates one, from the
   graph pool when it runs inside a capture, else from the ordinary allocator; a recording keeps the one it found.
   ``clear`` frees them all (``torch._C._cuda_clearCublasWorkspaces``, which CUDAGraph Trees call), or one stream's
-  (torch >= 2.12 does that when a graph captured on the stream is destroyed). A replay whose workspace went back
+  (torch 2.13, not 2.11, does that when a graph captured on the stream is destroyed). A replay whose workspace went back
   to the ordinary allocator writes memory a user's tensor may own by then: the simulator reports it.
 - :class:`SimGraph`: one graph, recorded step by step as ``torch.cuda.CUDAGraph`` is, in torch 2.11's order
   (generator, then allocator, then the stream capture), with the failure points a test can break
@@ -204,7 +204,7 @@ class SimGraph:
 
 def _destroyed(runtime: Any, pool: Any, stream: Any) -> None:
     """A graph whose capture ended is destroyed (``CUDAGraph::reset``)."""
-    if runtime.reset_clears_stream_workspaces:  # torch >= 2.12: clearCublasWorkspacesForStream(capture stream)
+    if runtime.reset_clears_stream_workspaces:  # torch 2.13: clearCublasWorkspacesForStream(capture stream)
         runtime.workspaces.clear(stream)
     runtime.allocator.release_pool(pool)
 

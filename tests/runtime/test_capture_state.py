@@ -175,7 +175,7 @@ def test_a_replay_never_writes_a_cublas_workspace_freed_to_the_allocator():
 
 
 def test_dropping_one_graph_frees_no_workspace_another_graph_replays():
-    """From torch 2.12 on, destroying a graph frees the cuBLAS workspaces of its capture stream, which every graph
+    """In torch 2.13 (not 2.11), destroying a graph frees the cuBLAS workspaces of its capture stream, which every graph
     of the pool shares: the other graph's replay must not depend on them."""
     sim = SimulatedCuda(reset_clears_stream_workspaces=True)
     first = torch.nn.Linear(8, 8)
