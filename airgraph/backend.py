@@ -157,7 +157,7 @@ class AirgraphBackend:
             device_fn = build_executor(
                 program.device_gm, program.device_segments, device, runtime=runtime, priorities=report.stream_priorities
             )
-            run = split = HostSplit(program, device_fn)
+            run = split = HostSplit(program, device_fn, runtime)
             input_views = views_of_inputs(program.device_gm)
         else:
             # 3. partition
