@@ -71,6 +71,9 @@ also sends per-call CPU scalars that kernels read, such as the floats Dynamo pas
 :func:`airgraph.lowering.capture_plan.find_uncapturable` and runs uncaptured.
 
 (Past 400 lines: the policy above and the class that carries it out read together; the output plan is at the end.)
+
+(Over 400 lines because reduce-overhead's whole policy is documented here, beside the one class that carries
+it out; the output copy policy's code is outputs.py, the host work's host.py.)
 """
 
 from __future__ import annotations
@@ -79,7 +82,6 @@ import enum
 import logging
 import warnings
 import weakref
-from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -88,6 +90,7 @@ import torch
 
 from airgraph.runtime.device import CUDA, DeviceRuntime
 from airgraph.runtime.host import HostSplit, refill
+from airgraph.runtime.outputs import copy_out, expanded_dims, one_per_expanded, output_plan, storage
 
 log = logging.getLogger("airgraph")
 
@@ -120,7 +123,7 @@ class _Key:
     expanded: dict[int, tuple[int, ...]] = field(default_factory=dict)  # copied input -> its expanded dims
     copy_back: tuple[int, ...] = ()  # mutated inputs copied back from their buffers after a replay
     recaptures: int = 0  # times static inputs moved (each drops the graph; re-recorded up to MAX_RECAPTURES)
-    outputs: list[tuple] = field(default_factory=list)  # _output_plan
+    outputs: list[tuple] = field(default_factory=list)  # runtime.outputs.output_plan
     owned: list[torch.Tensor] = field(default_factory=list)  # the buffers GraphCapture allocated for the graph
     replays: int = 0
 
@@ -399,12 +402,12 @@ class GraphCapture:
         entry.static_ptrs = self._static_ptrs(static_args, sorted(static))
         entry.static_checked = [i for i in sorted(static) if entry.static_ptrs[i] is not None]
         self._pool.static_storages.update(
-            (_storage(args[i]), weakref.ref(args[i])) for i in self._static if isinstance(args[i], torch.Tensor)
+            (storage(args[i]), weakref.ref(args[i])) for i in self._static if isinstance(args[i], torch.Tensor)
         )
         entry.copy_indices = tuple(i for i in range(len(args)) if static_args[i] is not args[i])
-        entry.expanded = {i: _expanded_dims(static_args[i]) for i in entry.copy_indices}
+        entry.expanded = {i: expanded_dims(static_args[i]) for i in entry.copy_indices}
         entry.copy_back = tuple(i for i in self._mutated if i in entry.copy_indices)
-        entry.outputs = _output_plan(static_outputs, static_args, len(args), entry.copy_indices, self._input_views)
+        entry.outputs = output_plan(static_outputs, static_args, len(args), entry.copy_indices, self._input_views)
         entry.state = CaptureState.CAPTURED
         self._report.captured = True
         if entry.recaptures:
@@ -426,9 +429,9 @@ class GraphCapture:
                 or not a.untyped_storage().nbytes()
             ):
                 continue
-            owner = storages.get(_storage(a))
+            owner = storages.get(storage(a))
             owner = owner() if owner is not None else None
-            if owner is not None and _storage(owner) == _storage(a):  # still that parameter's memory
+            if owner is not None and storage(owner) == storage(a):  # still that parameter's memory
                 found.add(i)
         return found
 
@@ -448,129 +451,20 @@ class GraphCapture:
             buffer, a = static_args[i], args[i]
             if buffer.data_ptr() != a.data_ptr():
                 dims = entry.expanded[i]
-                runtime.copy_(_one_per_expanded(buffer, dims), _one_per_expanded(a, dims))
+                runtime.copy_(one_per_expanded(buffer, dims), one_per_expanded(a, dims))
         entry.graph.replay()
         entry.replays += 1
         for i in entry.copy_back:  # mutated inputs that had a buffer (CPU inputs were mutated in place)
             if static_args[i].data_ptr() != args[i].data_ptr():
                 runtime.copy_(args[i], static_args[i])
         runtime.reading(entry.static_outputs)
-        outputs = _copy_out(entry, args)
+        outputs = copy_out(entry.static_outputs, entry.outputs, entry.static_args, args)
         args.clear()
         return outputs if split is None else split.assemble(outputs, values, clone_static=True)
 
 
 def _moved(args: list, entry: _Key, i: int) -> bool:
     return args[i].data_ptr() != entry.static_ptrs[i]
-
-
-def _expanded_dims(t: Any) -> tuple[int, ...]:
-    """Dimensions of ``t`` with stride 0 and size > 1 (an ``expand``): many elements, one memory location."""
-    if not isinstance(t, torch.Tensor):
-        return ()
-    return tuple(d for d in range(t.dim()) if t.stride(d) == 0 and t.size(d) > 1)
-
-
-def _one_per_expanded(t: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
-    """``t`` narrowed to one element along each expanded dimension: the memory it really has, copyable."""
-    for d in dims:
-        t = t.narrow(d, 0, 1)
-    return t
-
-
-# How each output of a replay reaches the caller (see the module docstring):
-_KEEP, _INPUT_VIEW, _CLONE, _COPY = "keep", "input view", "clone", "copy"
-
-
-def _output_plan(
-    outputs: Sequence[Any],
-    static_args: list,
-    num_args: int,
-    copy_indices: tuple[int, ...],
-    input_views: dict[int, int],
-) -> list[tuple]:
-    """How each output reaches the caller after a replay:
-
-    - (_KEEP,): non-tensors, and views of inputs used in place (parameters, buffers, CPU inputs of host work):
-      that memory is theirs, not the pool's;
-    - (_INPUT_VIEW, i): a view of input ``i`` (``input_views``, from the FX graph), which has a static buffer:
-      the same view of the caller's tensor. Only graph-level views: an output that merely occupies an input's
-      buffer (an input Inductor was allowed to overwrite) is pool data like any other;
-    - (_CLONE, dense): an output alone in its storage whose elements do not overlap: a copy of its elements,
-      strides kept (nothing regenerates a view from it); ``clone`` when it is dense (it keeps those strides);
-    - (_COPY, storage): outputs sharing a storage (a view and its base), and overlapping ones (an expanded
-      view): the storage copied once for all of them, offsets kept, so AOTAutograd regenerates the view from
-      the base as eager would.
-    """
-    in_place = {
-        _storage(a)
-        for i, a in enumerate(static_args[:num_args])
-        if isinstance(a, torch.Tensor) and i not in copy_indices and a.untyped_storage().nbytes()
-    }
-    plan: list[tuple] = []
-    for position, out in enumerate(outputs):
-        source = input_views.get(position)
-        if not isinstance(out, torch.Tensor):
-            plan.append((_KEEP,))
-        elif not out.untyped_storage().nbytes():  # no memory (a null pointer): nothing to tell apart
-            plan.append((_CLONE, True))
-        elif source is not None and source in copy_indices and _storage(out) == _storage(static_args[source]):
-            plan.append((_INPUT_VIEW, source))
-        elif _storage(out) in in_place:
-            plan.append((_KEEP,))
-        else:
-            plan.append((_COPY, _storage(out)))
-    shared = Counter(how[1] for how in plan if how[0] == _COPY)
-    for i, (out, how) in enumerate(zip(outputs, plan, strict=True)):
-        if how[0] == _COPY and shared[how[1]] == 1:
-            non_overlapping, dense = _layout(out)
-            if non_overlapping:
-                plan[i] = (_CLONE, dense)
-    return plan
-
-
-def _layout(t: torch.Tensor) -> tuple[bool, bool]:
-    """(non-overlapping, dense) for ``t``'s layout, its dims taken smallest stride first. Non-overlapping: each
-    stride clears the span of the dims below it (an expanded view, stride 0, overlaps, and only a copy of its
-    storage keeps its layout). Dense: each stride is exactly that span (a permutation of a contiguous layout,
-    whose strides ``clone`` keeps)."""
-    span, dense = 1, True
-    dims = [(n, st) for n, st in zip(t.shape, t.stride(), strict=True) if n != 1]
-    for size, stride in sorted(dims, key=lambda p: p[1]):
-        if stride < span:
-            return False, False
-        dense = dense and stride == span
-        span = stride * size
-    return True, dense
-
-
-def _storage(t: torch.Tensor) -> int:
-    return t.untyped_storage().data_ptr()
-
-
-def _copy_out(entry: _Key, args: list) -> list[Any]:
-    """The replay's outputs for the caller: pool memory copied once per storage, offsets and sharing kept."""
-    copies: dict[int, Any] = {}
-    outputs = []
-    for out, how in zip(entry.static_outputs, entry.outputs, strict=True):
-        if how[0] == _CLONE:
-            if how[1]:
-                outputs.append(out.clone())
-            else:  # a strided view: only its elements, same strides
-                copy = torch.empty_strided(out.size(), out.stride(), dtype=out.dtype, device=out.device)
-                outputs.append(copy.copy_(out))
-        elif how[0] == _KEEP:
-            outputs.append(out)
-        elif how[0] == _INPUT_VIEW:
-            base, buffer = args[how[1]], entry.static_args[how[1]]
-            offset = out.storage_offset() - buffer.storage_offset() + base.storage_offset()
-            outputs.append(base.as_strided(out.size(), out.stride(), offset))
-        else:
-            if how[1] not in copies:
-                copies[how[1]] = out.untyped_storage().clone()
-            view = torch.empty(0, dtype=out.dtype, device=out.device)
-            outputs.append(view.set_(copies[how[1]], out.storage_offset(), out.size(), out.stride()))
-    return outputs
 
 
 def _is_device_tensor(value: Any, position: int, split: HostSplit | None) -> bool:

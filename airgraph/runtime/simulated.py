@@ -39,6 +39,10 @@ all of them.
 
 (Past 400 lines: the runtime and its checker share every access; the GPU state it models and its simulated device
 are apart, in simulated_state.py and simulated_device.py.)
+
+(Over 400 lines because the checker's rules and the GPU state it models are documented here in full, beside the
+one class that implements them; the state itself lives in simulated_state.py, the simulated device in
+simulated_device.py.)
 """
 
 from __future__ import annotations
@@ -54,8 +58,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from airgraph.runtime.capture import _expanded_dims, _one_per_expanded, _storage
 from airgraph.runtime.device import UNCACHED_ALLOCATOR, record
+from airgraph.runtime.outputs import expanded_dims, one_per_expanded, storage
 from airgraph.runtime.simulated_device import DeviceFunctions, DeviceOps, Placement, device_to_host
 from airgraph.runtime.simulated_state import (
     BREAK_POINTS,
@@ -186,7 +190,7 @@ class SimulatedCuda:
 
     def record_stream(self, tensor: torch.Tensor, stream: SimStream) -> None:
         """Like ``Tensor.record_stream``: the storage's free is ordered after ``stream``'s work so far."""
-        history = self._history.get(_storage(tensor))
+        history = self._history.get(storage(tensor))
         if history is not None:
             history.recorded.add(stream.id)
 
@@ -223,7 +227,7 @@ class SimulatedCuda:
 
     def static_buffer(self, t: torch.Tensor) -> torch.Tensor:
         buffer = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
-        _one_per_expanded(buffer, _expanded_dims(buffer)).zero_()
+        one_per_expanded(buffer, expanded_dims(buffer)).zero_()
         stream = self.current_stream()
         self._allocated(buffer, stream, stream.tick(), "a static input buffer")
         return buffer
@@ -353,9 +357,9 @@ class SimulatedCuda:
                     # a write the executor's analysis (written_inputs) did not see: it ordered nothing for it
                     self.problems.append(f"{label} writes its input {i} in place, unknown to the executor")
                     self._access(value, stream, stamp, label, write=True)
-            storages_in = {_storage(v) for v in inputs if isinstance(v, torch.Tensor)}
+            storages_in = {storage(v) for v in inputs if isinstance(v, torch.Tensor)}
             for value in outputs if isinstance(outputs, (list, tuple)) else ():
-                if isinstance(value, torch.Tensor) and _storage(value) not in storages_in:
+                if isinstance(value, torch.Tensor) and storage(value) not in storages_in:
                     self._allocated(value, stream, stamp, label)
             return outputs
 
@@ -365,7 +369,7 @@ class SimulatedCuda:
     def _allocated(self, tensor: torch.Tensor, stream: SimStream, stamp: tuple[int, int], label: str) -> None:
         if not tensor.untyped_storage().nbytes():
             return
-        key = _storage(tensor)
+        key = storage(tensor)
         if key not in self._history or self._live.get(key, 0) == 0:
             self._history[key] = _Accesses(stream)
             self._history[key].write = (stream, stamp, label)
@@ -375,7 +379,7 @@ class SimulatedCuda:
     def _access(self, tensor: torch.Tensor, stream: SimStream, stamp: tuple[int, int], label: str, *, write: bool):
         if not tensor.untyped_storage().nbytes():
             return
-        history = self._history.setdefault(_storage(tensor), _Accesses(None))
+        history = self._history.setdefault(storage(tensor), _Accesses(None))
         what = "writes" if write else "reads"
         earlier = [history.write] if history.write else []
         if write:
@@ -411,8 +415,8 @@ class SimulatedCuda:
 
 def _copy_memory(dst: torch.Tensor, src: torch.Tensor) -> None:
     """``src`` into ``dst`` (same layout), an expanded one (stride 0) over the memory it really has, once."""
-    dims = _expanded_dims(dst)
-    _one_per_expanded(dst, dims).copy_(_one_per_expanded(src, dims))
+    dims = expanded_dims(dst)
+    one_per_expanded(dst, dims).copy_(one_per_expanded(src, dims))
 
 
 class _CostModel(TorchDispatchMode):

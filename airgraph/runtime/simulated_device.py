@@ -39,8 +39,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
+from airgraph.graph.fake_guard import fake_cuda_guard
 from airgraph.graph.meta import tensors, transfer_device
-from airgraph.report.fake import fake_cuda_guard
 from airgraph.runtime.simulated_state import GEMMS, SimulatedCudaError, host_sync
 
 __all__ = ["DeviceFunctions", "DeviceOps", "Placement", "device_to_host"]

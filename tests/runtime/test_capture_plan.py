@@ -11,8 +11,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import airgraph.lowering.capture_rules as capture_rules
+from airgraph.graph.fake_guard import fake_cuda_guard
 from airgraph.lowering.capture_plan import find_uncapturable
-from airgraph.report.fake import fake_cuda_guard
 from airgraph.runtime.simulated import SimulatedCuda
 from tests.helpers import assert_close, compile_with
 

@@ -11,10 +11,10 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from airgraph.graph.fake_guard import fake_cuda_guard
 from airgraph.lowering.capture_plan import find_uncapturable, plan_host_work
 from airgraph.models import build_tiny_llama, decode_inputs
 from airgraph.passes import run_pipeline
-from airgraph.report.fake import fake_cuda_guard
 from airgraph.runtime.capture import CaptureState
 from airgraph.runtime.host import HostSplit
 from airgraph.runtime.simulated import SimulatedCuda
