@@ -51,7 +51,7 @@ def plan_capture(gm: torch.fx.GraphModule, *, mode: str, device: torch.device, c
     return CapturePlan(capture=True, uncapturable=reason, split=reason is None and has_host_work(gm))
 
 
-STATIC, PER_CALL, DEVICE = "static", "per_call", "device"  # where a node's value comes from
+STATIC, PER_CALL, ON_DEVICE = "static", "per_call", "device"  # where a node's value comes from (its origin)
 
 
 @dataclass
@@ -87,10 +87,10 @@ def plan_host_work(gm: torch.fx.GraphModule) -> HostPlan:
         val = node.meta.get("val")
         if node.op == "placeholder":
             is_tensor = isinstance(val, torch.Tensor)
-            origin[node] = (PER_CALL if val.device.type == "cpu" else DEVICE) if is_tensor else STATIC
+            origin[node] = (PER_CALL if val.device.type == "cpu" else ON_DEVICE) if is_tensor else STATIC
             continue
         if node.op == "get_attr":
-            origin[node] = STATIC if on_host(node) else DEVICE
+            origin[node] = STATIC if on_host(node) else ON_DEVICE
             if on_host(node):
                 plan.static.append(node)
             continue
@@ -100,9 +100,9 @@ def plan_host_work(gm: torch.fx.GraphModule) -> HostPlan:
             origin[node] = _host_origin(node, origin, plan)
             (plan.static if origin[node] == STATIC else plan.per_call).append(node)
             continue
-        origin[node] = DEVICE
+        origin[node] = ON_DEVICE
         for inp in node.all_input_nodes:
-            if origin[inp] == DEVICE or (plan.problem is not None and not weak):
+            if origin[inp] == ON_DEVICE or (plan.problem is not None and not weak):
                 continue
             if _is_transfer(node, inp):
                 if free_unbacked_symbols(node.meta.get("val")):
@@ -133,7 +133,7 @@ def _host_origin(node: torch.fx.Node, origin: dict[torch.fx.Node, str], plan: Ho
     inputs = node.all_input_nodes
     if node.target in METADATA_OPS and not free_unbacked_symbols(node.meta.get("val")):
         return STATIC  # reads sizes or strides that the shape key fixes (not data-dependent ones)
-    device = [inp for inp in inputs if origin[inp] == DEVICE]
+    device = [inp for inp in inputs if origin[inp] == ON_DEVICE]
     if device and plan.problem is None:
         plan.problem = f"host op {node.name} = {node.target} reads {device[0].name}, a value computed on the device"
     target = node.target
