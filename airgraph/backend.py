@@ -100,10 +100,15 @@ class AirgraphBackend:
             from torch._functorch.partitioners import min_cut_rematerialization_partition
             from torch._inductor.decomposition import select_decomp_table
 
+            from torch._inductor import config as inductor_config
+
             # Some of Inductor's decompositions ask its lowering module whether to decompose (max_pool2d with
             # indices): imported by Inductor itself before it traces, so here too.
             importlib.import_module("torch._inductor.lowering")
-            decompositions = select_decomp_table()
+            # Random ops stay ATen's (lowering/inductor.py: fallback_random): the table without Inductor's
+            # "fast random" decompositions, which draw other numbers than eager.
+            with inductor_config.patch(fallback_random=True):
+                decompositions = select_decomp_table()
             partition_fn = functools.partial(min_cut_rematerialization_partition, compiler="inductor")
         else:
             from torch._functorch.partitioners import default_partition
