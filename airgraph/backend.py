@@ -98,9 +98,8 @@ class AirgraphBackend:
         compile_as = functools.partial(self.compile_graph, dynamo_graph=dynamo_graph)
         if self.config.kernel_backend == "inductor":
             from torch._functorch.partitioners import min_cut_rematerialization_partition
-            from torch._inductor.decomposition import select_decomp_table
-
             from torch._inductor import config as inductor_config
+            from torch._inductor.decomposition import select_decomp_table
 
             # Some of Inductor's decompositions ask its lowering module whether to decompose (max_pool2d with
             # indices): imported by Inductor itself before it traces, so here too.
