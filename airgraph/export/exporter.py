@@ -47,15 +47,16 @@ then sends what it wrote to rank 0 through the process group's store (also when 
 never waits forever) and rank 0 writes ``model_relation_config.json`` and ``numa_config.json``
 (atc_config.py) once all ranks succeeded (multirank.py).
 
-Leftovers: the export frees what it created before it returns (leftovers.py): Dynamo's captured program
-(which holds the process group of a model with collectives) and tqdm's monitor thread; nothing of it is
-left in a gloo thread either (multirank.py). ``destroy_process_group`` after a multi-rank export then stops
-every thread of the group, as it does without an export.
+Leftovers (leftovers.py): when the export returns, nothing of it refers to the process group any more
+(Dynamo's captured program, default arguments of ``torch.distributed.nn.functional``), nothing of it is
+left in a gloo thread (multirank.py) and the tqdm monitor thread it started is stopped, so
+``destroy_process_group`` after a multi-rank export stops every thread of the group, as without an export.
 """
 
 from __future__ import annotations
 
 import datetime
+import gc
 import importlib.metadata
 import json
 import os
@@ -171,11 +172,14 @@ def export_model(
             "call model.eval() first for an inference export",
             stacklevel=4,
         )
-    # the program Dynamo captured (and, for a model with collectives, the process group its graph refers to)
-    # and tqdm's monitor thread go when the export returns; multi-rank: a full collection frees the program's
-    # reference cycles now, so that destroy_process_group() destroys the group (leftovers.py)
-    with no_leftovers(collect=layout.rank is not None):
-        return _export(model, args, kwargs, layout, dynamic, config)
+    with no_leftovers():  # Dynamo's globals, default arguments holding the process group, tqdm's monitor
+        result = _export(model, args, kwargs, layout, dynamic, config)
+    if (result.metadata["distributed"] or {}).get("collectives"):
+        # the captured graph of a model with collectives refers to the process group from reference cycles
+        # (nodes, Dynamo's variable trackers): free them now, so that destroy_process_group() destroys the
+        # group, not whenever the collector next runs, which may be during interpreter finalization
+        gc.collect()
+    return result
 
 
 def _export(

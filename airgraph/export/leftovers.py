@@ -22,8 +22,9 @@ of an export do not go by themselves (torch 2.11 to 2.13); :func:`no_leftovers` 
   dies, and the export path registers them with none, so every strict export adds a GraphModule to that
   module for the life of the process, with its node metadata: fake tensors and, for a model with a
   collective, a ``FakeScriptObject`` whose ``real_obj`` is the real ``ProcessGroup``. The globals a capture
-  added are removed; a multi-rank export then collects the program's reference cycles (graph and nodes) at
-  once, not whenever the collector runs next.
+  added are removed. What is left of the program is reference cycles (graph and nodes, Dynamo's variable
+  trackers); for a model with collectives ``export_model`` collects them at once, not whenever the collector
+  runs next.
 - **Default arguments.** The first capture imports Dynamo's variable trackers, which import
   ``torch.distributed.fsdp`` and through ``torch.distributed._shard`` ``torch.distributed.nn.functional``,
   whose functions are declared ``def all_reduce(tensor, op=ReduceOp.SUM, group=group.WORLD)``: imported
@@ -42,7 +43,6 @@ Work the aborting gloo thread held; the ranks now exchange through the store (``
 
 from __future__ import annotations
 
-import gc
 import importlib
 import sys
 import types
@@ -88,15 +88,9 @@ def _tqdm_class() -> Any:
 
 
 @contextmanager
-def no_leftovers(*, collect: bool = False) -> Iterator[None]:
+def no_leftovers() -> Iterator[None]:
     """Run an export; afterwards remove the globals Dynamo added, forget the process groups held by default
-    arguments and stop a tqdm monitor the export started.
-
-    ``collect``: then run a full garbage collection. The captured program is a web of reference cycles (graph
-    and nodes), which a full collection frees; a multi-rank export collects so that the process group its
-    graph refers to is released before ``destroy_process_group`` is called, not whenever the collector runs
-    next (which may be interpreter finalization).
-    """
+    arguments and stop a tqdm monitor the export started."""
     scope = dynamo_capture_scope()
     names = set(scope) if scope is not None else set()
     tqdm_cls = _tqdm_class()
@@ -113,5 +107,3 @@ def no_leftovers(*, collect: bool = False) -> Iterator[None]:
         if started is not None and started is not monitor:
             started.exit()  # sets its event and joins it
             tqdm_cls.monitor = None
-        if collect:
-            gc.collect()
