@@ -10,9 +10,9 @@ exception`` from ``~AsyncAllgatherWork`` in ``pt_gloo_runloop``; pytorch/pytorch
 ``leftovers.py``). Store requests are answered on the calling thread: nothing of the export is left in a
 gloo thread when ``dynamo_export`` returns.
 
-Every rank calls ``dynamo_export`` the same number of times (it must, for the model's collectives), so the
-n-th multi-rank export of each process uses the keys ``airgraph/export/<n>/<rank>``; rank 0 deletes them
-once read. Every rank sends its entry also when its export failed, so rank 0 never waits for a rank that
+Every rank calls ``dynamo_export`` the same number of times with the same config (it must, for the model's
+collectives), so the n-th exchange of each process uses the keys ``airgraph/export/<n>/<rank>``; rank 0
+deletes them once read. Every rank sends its entry also when its export failed, so rank 0 never waits for a rank that
 will not come (a rank that dies waits out the store's timeout, as a collective would).
 """
 
