@@ -39,6 +39,7 @@ from airgraph.config import CompilerConfig
 from airgraph.graph.analysis import mutated_nodes, target_name, views_of_inputs
 from airgraph.graph.meta import SEGMENT, STREAM, placement
 from airgraph.graph.program import Segment
+from airgraph.kernels.static import StaticKernels
 from airgraph.lowering.capture_plan import CapturePlan, describe_host_split, plan_capture
 from airgraph.lowering.host_split import split_host_work
 from airgraph.lowering.layouts import Layouts
@@ -84,6 +85,9 @@ class AirgraphBackend:
         self.tuning: ImplSource | None = None
         # Told of each new input-shape key of each compiled graph (static kernels record shapes there).
         self.shape_observers: list[Callable[[GraphReport, list[Segment]], ShapeKeyObserver | None]] = []
+        if self.config.static_kernels.enabled:  # seed 000: airgraph/kernels
+            self.static_kernels = StaticKernels(self.config)
+            self.shape_observers.append(self.static_kernels.observer)
         self._pool = MemoryPool(runtime_for(torch.device("cuda"), runtime))
 
     def __repr__(self) -> str:
