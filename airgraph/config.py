@@ -354,6 +354,7 @@ class StaticKernelsConfig(OptionGroup):
     build = Option(
         True,
         "Build the static kernels of shapes the library lacks (off: record shapes, run installed kernels only).",
+        env="AIRGRAPH_STATIC_KERNELS_BUILD",
     )
     local_world_size = Option(
         None,

@@ -37,14 +37,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from airgraph.config import CompilerConfig
 from airgraph.kernels import package as pkg
 from airgraph.store import locked, read_json, replace_dir, staging_dir, write_json_atomic
 
-__all__ = ["FORMAT", "VERSION", "InstallResult", "KernelLibrary"]
+__all__ = ["FORMAT", "VERSION", "InstallResult", "KernelLibrary", "library_path"]
 
 FORMAT = "airgraph-kernel-library"
 VERSION = 1
 CLAIM_STALE_SECONDS = 3600.0  # a claim by a process on another host is trusted this long
+
+
+def library_path(config: CompilerConfig) -> Path:
+    """The library ``config`` names: ``static_kernels.library_dir``, else ``<build_dir>/static_kernel_library`` (the
+    working directory when build_dir is None)."""
+    options = config.static_kernels
+    if options.library_dir:
+        return Path(options.library_dir).resolve()
+    return Path(options.build_dir or os.getcwd()).resolve() / "static_kernel_library"
 
 
 @dataclass

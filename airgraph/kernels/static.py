@@ -36,7 +36,7 @@ from airgraph.graph.analysis import views_of_inputs
 from airgraph.kernels import package as pkg
 from airgraph.kernels.build import build_kernel
 from airgraph.kernels.dispatch import LoadedKernel, StaticKernelSegment
-from airgraph.kernels.library import KernelLibrary
+from airgraph.kernels.library import KernelLibrary, library_path
 from airgraph.kernels.machine import describe, mismatch
 from airgraph.kernels.node import register_process
 from airgraph.kernels.records import Recorder, is_view
@@ -72,9 +72,7 @@ class StaticKernels:
     def __init__(self, config: CompilerConfig) -> None:
         options = config.static_kernels
         self.build_dir = Path(options.build_dir or os.getcwd()).resolve()
-        self.library = KernelLibrary(
-            Path(options.library_dir).resolve() if options.library_dir else self.build_dir / "static_kernel_library"
-        )
+        self.library = KernelLibrary(library_path(config))
         self.recorder = Recorder(self.build_dir)
         self.builds = options.build
         register_process(
