@@ -3,7 +3,8 @@
 Layout::
 
     <library>/
-      index.json                     which files answer each kernel id, and the installed packages
+      index.json                     which files answer each kernel id, the installed packages, and the Dynamo
+                                     graphs that can warm-start on a kernel family (kernels/warm.py)
       packages/<package name>/<graph key>/<shape id>/kernel.pt2
       claims/<graph key>-<shape id>.json     who is building that kernel now (one builder per node)
 
@@ -96,9 +97,10 @@ class KernelLibrary:
         try:
             index = read_json(self.index_path, format=FORMAT, version=VERSION)
         except FileNotFoundError:
-            return {"kernels": {}, "packages": {}}
+            return {"kernels": {}, "packages": {}, "graphs": {}}
         index.setdefault("kernels", {})
         index.setdefault("packages", {})
+        index.setdefault("graphs", {})  # Dynamo graph (warm-start key) -> the segment kernels serving it
         return index
 
     def stamp(self) -> tuple[int, int, int] | None:
@@ -155,6 +157,8 @@ class KernelLibrary:
                     "size": sum(f["size"] for f in kernel["files"].values()),
                 }
                 result.added.append(kid)
+            served = {e["graph_key"] for e in index["kernels"].values()}
+            index["graphs"].update({k: g for k, g in manifest.get("graphs", {}).items() if g["graph_key"] in served})
             index["packages"][name] = {
                 "file": Path(package_path).name,
                 "installed": _now(),
@@ -189,6 +193,8 @@ class KernelLibrary:
                 removed = [kid for kid, e in index["kernels"].items() if e["graph_key"] == key]
             for kid in removed:
                 del index["kernels"][kid]
+            served = {e["graph_key"] for e in index["kernels"].values()}
+            index["graphs"] = {k: g for k, g in index["graphs"].items() if g["graph_key"] in served}
             self._write(index)
             self._collect(index)
         return removed
@@ -196,7 +202,7 @@ class KernelLibrary:
     def _write(self, index: dict[str, Any]) -> None:
         write_json_atomic(
             self.index_path,
-            {"kernels": index["kernels"], "packages": index["packages"]},
+            {"kernels": index["kernels"], "packages": index["packages"], "graphs": index["graphs"]},
             format=FORMAT,
             version=VERSION,
         )

@@ -71,9 +71,12 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def write_package(path: str | Path, kernels: list[KernelFiles], build: dict[str, Any]) -> dict[str, Any]:
+def write_package(
+    path: str | Path, kernels: list[KernelFiles], build: dict[str, Any], graphs: dict[str, dict] | None = None
+) -> dict[str, Any]:
     """Write a package holding ``kernels`` built as ``build`` (kernels/machine.py's record) to ``path``,
-    atomically, and return its manifest."""
+    atomically, and return its manifest. ``graphs``: Dynamo graphs that can warm-start on these kernels (their
+    warm-start key -> which segment kernels serve them and on which inputs; kernels/warm.py)."""
     buffer = io.BytesIO()
     entries = []
     with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=1) as archive:
@@ -98,6 +101,7 @@ def write_package(path: str | Path, kernels: list[KernelFiles], build: dict[str,
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "build": build,
             "kernels": entries,
+            "graphs": dict(graphs or {}),
         }
         archive.writestr(MANIFEST, json.dumps(manifest, indent=2) + "\n")  # last: present only when complete
     write_bytes_atomic(path, buffer.getvalue())

@@ -26,6 +26,7 @@ import datetime
 import logging
 import os
 import warnings
+import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +42,7 @@ from airgraph.kernels.machine import describe, mismatch
 from airgraph.kernels.node import register_process
 from airgraph.kernels.records import Recorder, is_view
 from airgraph.kernels.shapes import bind, data_dependent, shape_id, shape_key_of, spec
+from airgraph.kernels.warm import WarmGraph, graph_record, warm_start
 from airgraph.lowering.keys import graph_key
 from airgraph.lowering.request import LowerRequest
 from airgraph.lowering.select import GraphRequest, Impl, choose
@@ -71,6 +73,7 @@ class StaticKernels:
 
     def __init__(self, config: CompilerConfig) -> None:
         options = config.static_kernels
+        self.config = config
         self.build_dir = Path(options.build_dir or os.getcwd()).resolve()
         self.library = KernelLibrary(library_path(config))
         self.recorder = Recorder(self.build_dir)
@@ -85,8 +88,10 @@ class StaticKernels:
         self._failed: set[str] = set()
         self._loaded: dict[str, LoadedKernel] = {}
         self._refused: dict[str, str] = {}  # kernel id -> package whose entry was refused (warned once)
-        self._index: dict[str, Any] = {}
+        self._index: dict[str, Any] = {"kernels": {}, "graphs": {}}
         self._stamp: Any = ()
+        self.current: tuple[str, int] | None = None  # the Dynamo graph being compiled: warm-start key, inputs
+        self.records: dict[str, dict] = {}  # Dynamo graphs compiled here that can warm-start (kernels/warm.py)
 
     def __repr__(self) -> str:
         return f"StaticKernels(library={str(self.library.root)!r}, build_dir={str(self.build_dir)!r})"
@@ -115,11 +120,27 @@ class StaticKernels:
         return StaticKernelSegment(self, request, request.options["fallback"], request.options["graph_key"])
 
     # -- the library -------------------------------------------------------------------------------------
-    def _entry(self, kid: str) -> dict[str, Any] | None:
+    def _read(self) -> dict[str, Any]:
+        """The library's index, read again when it changed."""
         stamp = self.library.stamp()
         if stamp != self._stamp:
-            self._index, self._stamp = self.library.kernels(), stamp
-        return self._index.get(kid)
+            self._index, self._stamp = self.library.read_index(), stamp
+        return self._index
+
+    def _entry(self, kid: str) -> dict[str, Any] | None:
+        return self._read()["kernels"].get(kid)
+
+    def entries(self, graph_key: str) -> list[dict[str, Any]]:
+        """The installed kernels of a segment graph key."""
+        return [e for e in self._read()["kernels"].values() if e["graph_key"] == graph_key]
+
+    def graph_records(self) -> dict[str, dict]:
+        """Dynamo graphs (warm-start keys) the library can warm-start -> how (kernels/warm.py's graph_record)."""
+        return self._read()["graphs"]
+
+    def warm_start(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> WarmGraph | None:
+        """Before AOTAutograd: the installed kernels themselves for a Dynamo graph they serve (kernels/warm.py)."""
+        return warm_start(self, gm, example_inputs)
 
     def load(self, graph_key: str, sid: str, device: torch.device) -> LoadedKernel | None:
         """The installed kernel of (graph key, shape id) for ``device``, loaded; None when there is none that this
@@ -165,6 +186,9 @@ class StaticKernels:
         covered = [(i, s) for i, s in enumerate(segments) if isinstance(s.compiled, StaticKernelSegment)]
         for index, seg in covered:
             seg.compiled.attach(report, index)
+        record = graph_record(self.current, segments) if covered else None
+        if record is not None and self.current is not None:
+            self.records[self.current[0]] = record
         graphs = list({id(n.graph): n.graph for s in segments for n in s.nodes[:1]}.values())
         owners = {n: (seg.compiled.graph_key, seg.id) for _, seg in covered for n in seg.nodes}
 
@@ -218,7 +242,9 @@ class StaticKernels:
             if not built:
                 return None
             path = self.recorder.package_path()
-            pkg.write_package(path, self.built, describe(jobs[0].segment.request.device))
+            served = {k.graph_key for k in self.built}
+            graphs = {key: record for key, record in self.records.items() if record["graph_key"] in served}
+            pkg.write_package(path, self.built, describe(jobs[0].segment.request.device), graphs)
             result = self.library.install(path)
             log.info(
                 "airgraph: static kernels: package %s (%d kernels) written and installed into %s (%d new)",
@@ -269,10 +295,17 @@ class StaticKernels:
 
 
 def _load_aoti(kid: str, path: Path, device: torch.device) -> LoadedKernel:
-    """An AOTInductor package loaded to run on ``device`` (kernels/build.py made it). ``run_single_threaded``: the
-    caller is one thread, and a CUDA graph can capture the launches."""
-    from torch._inductor import aoti_load_package
+    """An AOTInductor package (kernels/build.py made it) loaded to run on ``device``.
 
+    Through the package loader itself (``torch._C._aoti.AOTIModelPackageLoader``, what
+    ``torch._inductor.aoti_load_package`` wraps, with the same arguments in torch 2.11 to 2.13), because the wrapper
+    first asks Inductor for this CPU's vector ISA only to log a mismatch, and Inductor finds that out by compiling
+    test programs (20 s on a busy 2-core machine whose Inductor cache is empty); airgraph has already refused a
+    kernel built for another ISA (kernels/machine.py). ``run_single_threaded``: one caller thread, and a CUDA
+    graph can capture the launches."""
+    with zipfile.ZipFile(path) as archive:
+        names = [n.split("/") for n in archive.namelist() if "/data/aotinductor/" in n]
+    (model,) = {parts[parts.index("aotinductor") + 1] for parts in names}
     index = -1 if device.type != "cuda" else (device.index if device.index is not None else torch.cuda.current_device())
-    model = aoti_load_package(str(path), run_single_threaded=True, device_index=index)
-    return LoadedKernel(kid, model.loader.boxed_run, model)
+    loader = torch._C._aoti.AOTIModelPackageLoader(str(path), model, True, 1, index)
+    return LoadedKernel(kid, loader.boxed_run, loader)

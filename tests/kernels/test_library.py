@@ -121,7 +121,13 @@ def test_remove_by_package_graph_or_all(tmp_path):
     with pytest.raises(ValueError, match="no graph key 'zz' in this library; known: g3"):
         library.remove(graph_key="zz")
     assert library.remove(everything=True) == ["g3/a"]
-    assert check_library(library) == {"kernels": {}, "packages": {}, "format": "airgraph-kernel-library", "version": 1}
+    assert check_library(library) == {
+        "format": "airgraph-kernel-library",
+        "version": 1,
+        "kernels": {},
+        "packages": {},
+        "graphs": {},
+    }
 
 
 CRASH = """

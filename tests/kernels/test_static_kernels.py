@@ -25,17 +25,17 @@ from tests.kernels.models import Step, inputs
 
 @pytest.fixture
 def inductor_compiles(monkeypatch) -> list:
-    """Every graph Inductor lowers in this process (dynamic kernels and static builds alike)."""
-    import torch._inductor.compile_fx as compile_fx
+    """Every graph Inductor lowers in this process: dynamic kernels and static builds (AOTInductor) alike."""
+    from torch._inductor.graph import GraphLowering
 
     calls: list = []
-    original = compile_fx.compile_fx_inner
+    original = GraphLowering.__init__
 
-    def counting(*args, **kwargs):
-        calls.append(args[0])
-        return original(*args, **kwargs)
+    def counting(self, gm, *args, **kwargs):
+        calls.append(gm)
+        original(self, gm, *args, **kwargs)
 
-    monkeypatch.setattr(compile_fx, "compile_fx_inner", counting)
+    monkeypatch.setattr(GraphLowering, "__init__", counting)
     return calls
 
 
@@ -80,6 +80,8 @@ def test_a_process_writes_one_package_and_installs_it(built):
     assert build["device"]["type"] == "cpu" and build["device"]["isa"] == torch.backends.cpu.get_cpu_capability()
     kernel = built.kernel("[3, 16]")
     assert ["float32", [3, 16], [16, 1]] in kernel["shape_key"] and kernel["build_seconds"] > 0
+    (record,) = manifest["graphs"].values()  # the Dynamo graph can warm-start on these kernels
+    assert record["graph_key"] == kernel["graph_key"] and len(record["inputs"]) == len(kernel["shape_key"])
     library = KernelLibrary(built.library)
     index = library.read_index()
     assert sorted(index["kernels"]) == sorted(f"{k['graph_key']}/{k['shape_id']}" for k in manifest["kernels"])
@@ -94,10 +96,13 @@ def test_a_process_writes_one_package_and_installs_it(built):
 FRESH = """
 import json, sys, warnings
 import torch
-import torch._inductor.compile_fx as compile_fx
+from torch._inductor.graph import GraphLowering
 lowered = []
-original = compile_fx.compile_fx_inner
-compile_fx.compile_fx_inner = lambda *a, **k: lowered.append(1) or original(*a, **k)
+original = GraphLowering.__init__
+def counting(self, *args, **kwargs):
+    lowered.append(1)
+    original(self, *args, **kwargs)
+GraphLowering.__init__ = counting
 from airgraph.compat.torchair import CompilerConfig, get_npu_backend
 from tests.kernels.models import Step, inputs
 config = CompilerConfig()
@@ -130,7 +135,7 @@ def test_a_fresh_process_with_the_library_compiles_nothing_and_equals_eager(buil
     assert result["lowered"] == 0  # Inductor lowered no graph: every key ran a prebuilt kernel
     assert result["diff"] <= 1e-5
     assert result["chosen_by"] == "static-kernels" and result["static_keys"] == ["[2, 16]", "[3, 16]"]
-    assert result["dynamic_keys"] == []
+    assert result["dynamic_keys"] == [] and result["warm_start"]  # not even traced to ATen (kernels/warm.py)
 
 
 def _edit_index(library: Path, edit) -> None:
@@ -193,11 +198,12 @@ def test_a_key_missing_from_the_library_compiles_its_dynamic_kernel_then_only(bu
     backend = AirgraphBackend(static_config(tmp_path, library_dir=str(library_copy(built, tmp_path)), build=False))
     run_step(backend, BATCHES)
     assert inductor_compiles == []  # every key so far in the library: nothing compiled, not even lazily
-    run_step(backend, (4,))  # a new key: recorded, its dynamic kernel compiled now
+    assert [r.segments[0].source.get("warm_start") is not None for r in backend.reports] == [True]
+    run_step(backend, (4,))  # a new key: the graph compiles again, the ordinary way; its dynamic kernel now
     assert len(inductor_compiles) == 1
-    (segment,) = backend.reports[0].segments
-    assert segment.chosen_by == "static-kernels" and segment.source["static_keys"] == ["[2, 16]", "[3, 16]"]
-    assert segment.source["dynamic_keys"] == ["[4, 16]"]
+    warm, ordinary = (r.segments[0] for r in backend.reports)
+    assert warm.chosen_by == "static-kernels" and warm.source["static_keys"] == ["[2, 16]", "[3, 16]"]
+    assert (ordinary.chosen_by, ordinary.source["dynamic_keys"]) == ("config", ["[4, 16]"])
     assert list((tmp_path / "static_kernel_outputs").glob("*_outputs/*/relu_float32_contiguous_4_16_0.json"))
 
 
