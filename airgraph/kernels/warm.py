@@ -31,7 +31,7 @@ import hashlib
 import json
 import operator
 import warnings
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -42,7 +42,21 @@ from airgraph.lowering.keys import graph_key, shape_key
 
 if TYPE_CHECKING:
     from airgraph.graph.program import Segment
-    from airgraph.kernels.static import StaticKernels
+    from airgraph.kernels.dispatch import LoadedKernel
+
+
+class StaticKernels(Protocol):
+    """What a warm start asks of the library (kernels/static.py's StaticKernels)."""
+
+    config: CompilerConfig
+    current: tuple[str, int] | None
+
+    def graph_records(self) -> dict[str, dict]: ...
+
+    def entries(self, graph_key: str) -> list[dict[str, Any]]: ...
+
+    def load(self, graph_key: str, sid: str, device: torch.device) -> LoadedKernel | None: ...
+
 
 __all__ = ["WarmGraph", "dynamo_key", "graph_record", "warm_start"]
 
