@@ -13,6 +13,7 @@ The flow, in the order the data goes:
 - ``machine.py``: what a kernel was built for, and whether this machine can run it;
 - ``dispatch.py``: the callable of a covered segment: per shape key a static kernel, else the dynamic kernel,
   compiled only when a key needs it;
+- ``warm.py``: a Dynamo graph whose kernels are all installed runs them without AOTAutograd (warm start);
 - ``node.py``: several processes on a node (``LOCAL_WORLD_SIZE``).
 
 ``package.py`` and ``library.py`` import no torch (``airgraph kernels install/list/remove`` run without it).

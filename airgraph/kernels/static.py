@@ -12,7 +12,9 @@
   key's first run already uses them;
 - the loader of installed kernels (:meth:`load`), which refuses, with one warning each, an entry built for
   another torch or airgraph version, CPU instruction set or CUDA architecture (kernels/machine.py), or whose
-  files do not match their digests.
+  files do not match their digests;
+- the warm start (:meth:`warm_start`, kernels/warm.py): asked by the backend before AOTAutograd whether the
+  installed kernels can run a Dynamo graph as it is; the building process records which graphs can.
 
 A segment is covered unless its graph is a training graph (forward or backward: the seed's feature is for
 inference), a value in it has a data-dependent size, an output is a view of an input (a separately compiled
@@ -42,7 +44,7 @@ from airgraph.kernels.machine import describe, mismatch
 from airgraph.kernels.node import register_process
 from airgraph.kernels.records import Recorder, is_view
 from airgraph.kernels.shapes import bind, data_dependent, shape_id, shape_key_of, spec
-from airgraph.kernels.warm import WarmGraph, graph_record, warm_start
+from airgraph.kernels.warm import WarmGraph, graph_record, restarted_floats, warm_start
 from airgraph.lowering.keys import graph_key
 from airgraph.lowering.request import LowerRequest
 from airgraph.lowering.select import GraphRequest, Impl, choose
@@ -92,6 +94,7 @@ class StaticKernels:
         self._stamp: Any = ()
         self.current: tuple[str, int] | None = None  # the Dynamo graph being compiled: warm-start key, inputs
         self.records: dict[str, dict] = {}  # Dynamo graphs compiled here that can warm-start (kernels/warm.py)
+        self._abandoned: str | None = None  # a graph of the frame being compiled that Dynamo traced again
 
     def __repr__(self) -> str:
         return f"StaticKernels(library={str(self.library.root)!r}, build_dir={str(self.build_dir)!r})"
@@ -140,6 +143,8 @@ class StaticKernels:
 
     def warm_start(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> WarmGraph | None:
         """Before AOTAutograd: the installed kernels themselves for a Dynamo graph they serve (kernels/warm.py)."""
+        if self.current is not None:  # the previous graph never finished compiling: Dynamo restarted the frame
+            self._abandoned = self.current[0]
         return warm_start(self, gm, example_inputs)
 
     def load(self, graph_key: str, sid: str, device: torch.device) -> LoadedKernel | None:
@@ -186,9 +191,14 @@ class StaticKernels:
         covered = [(i, s) for i, s in enumerate(segments) if isinstance(s.compiled, StaticKernelSegment)]
         for index, seg in covered:
             seg.compiled.attach(report, index)
-        record = graph_record(self.current, segments) if covered else None
-        if record is not None and self.current is not None:
-            self.records[self.current[0]] = record
+        current, self.current = self.current, None  # told by warm_start for this graph only
+        abandoned, self._abandoned = self._abandoned, None
+        record = graph_record(current, segments) if covered else None
+        if record is not None and current is not None:
+            self.records[current[0]] = record
+            floats = restarted_floats()
+            if abandoned is not None and floats:  # the first graph of this frame made AOTAutograd restart it
+                self.records[abandoned] = {"graph_key": record["graph_key"], "restart": floats}
         graphs = list({id(n.graph): n.graph for s in segments for n in s.nodes[:1]}.values())
         owners = {n: (seg.compiled.graph_key, seg.id) for _, seg in covered for n in seg.nodes}
 

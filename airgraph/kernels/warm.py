@@ -11,6 +11,11 @@ first output (benchmarks/static_kernels.py). Where the ATen graph is one static-
   output aliases an input or an intermediate, no input is duplicated or a subclass, no effect tokens. The package
   then says which Dynamo graph (its graph key and a digest of the options that shape compilation) the segment's
   kernels serve, and which graph inputs they read;
+- **restarts** recorded too: with ``dynamic=True``, Dynamo passes a module's Python floats (an epsilon) as
+  symbolic inputs, and AOTAutograd, failing to turn one into a tensor, makes Dynamo trace the frame again with it
+  specialized (``TensorifyScalarRestartAnalysis``) after tracing the whole graph. The building process records
+  that the first graph restarted and which floats were specialized; a later process asks Dynamo for the same
+  restart at once (a first attempt that costs AOTAutograd's trace, in every process, without this);
 - **used** by a later process (:func:`warm_start`, called by the backend before AOTAutograd): for a Dynamo graph
   the library records, on the CPU, without autograd, whose current shape key has a kernel that runs here, the
   backend returns a :class:`WarmGraph` that calls the kernels directly. It guards the compiled graph on the
@@ -58,7 +63,32 @@ class StaticKernels(Protocol):
     def load(self, graph_key: str, sid: str, device: torch.device) -> LoadedKernel | None: ...
 
 
-__all__ = ["WarmGraph", "dynamo_key", "graph_record", "warm_start"]
+__all__ = ["WarmGraph", "dynamo_key", "graph_record", "restarted_floats", "warm_start"]
+
+try:  # how AOTAutograd makes Dynamo trace again with Python floats specialized (the same in torch 2.11 to 2.13)
+    from torch._dynamo.exc import TensorifyScalarRestartAnalysis
+    from torch._dynamo.symbolic_convert import TensorifyState
+except ImportError:  # pragma: no cover - a torch without them: no shortcut, the ordinary path
+    TensorifyScalarRestartAnalysis = TensorifyState = None  # type: ignore[assignment, misc]
+
+
+def restarted_floats() -> list[str]:
+    """The float symbols AOTAutograd asked Dynamo to specialize while compiling this frame (it raised
+    ``TensorifyScalarRestartAnalysis``; Dynamo traced the frame again)."""
+    return sorted(getattr(TensorifyState, "force_specializations", ()) or ())
+
+
+def _restart(names: list[str], gm: torch.fx.GraphModule) -> None:
+    """Make Dynamo trace again with these floats specialized, as AOTAutograd did for this graph in the process that
+    recorded it (module docstring), without tracing it through AOTAutograd first. The floats are the graph's
+    SymFloats (a module's float attribute is a 0-d tensor input whose ``item()`` the graph takes)."""
+    values = (n.meta.get("example_value") for n in gm.graph.nodes)
+    floats = {str(v.node.expr) for v in values if isinstance(v, torch.SymFloat)}
+    if TensorifyState is None or not names or not set(names) <= floats:
+        return
+    for name in names:
+        TensorifyState.specialize(name)
+    raise TensorifyScalarRestartAnalysis
 
 
 def dynamo_key(gm: torch.fx.GraphModule, config: CompilerConfig) -> str:
@@ -143,16 +173,16 @@ def warm_start(kernels: StaticKernels, gm: torch.fx.GraphModule, example_inputs:
     key = dynamo_key(gm, kernels.config)
     kernels.current = (key, len(example_inputs))
     record = kernels.graph_records().get(key)
-    if record is None:
+    traced = [n.meta.get("example_value") for n in gm.graph.find_nodes(op="placeholder")]
+    if record is None or len(traced) != len(example_inputs):
+        return None
+    if "restart" in record:
+        _restart(record["restart"], gm)
         return None
     segment_key, positions = record["graph_key"], record["inputs"]
     if any(p >= len(example_inputs) for p in positions):
         return None
-    # Dynamo hands its backend the real inputs; their traced (symbolic) values are its placeholders'.
-    traced = [n.meta.get("example_value") for n in gm.graph.find_nodes(op="placeholder")]
-    if len(traced) != len(example_inputs):
-        return None
-    inputs = [traced[p] for p in positions]
+    inputs = [traced[p] for p in positions]  # Dynamo hands its backend real inputs; traced values are its nodes'
     concrete = tuple(
         (str(v.dtype).removeprefix("torch."), *values[p]) if isinstance(v, torch.Tensor) else values[p]
         for p, v in zip(positions, inputs, strict=True)

@@ -35,8 +35,8 @@ def run_step(backend: AirgraphBackend, batches: tuple[int, ...], *, dynamic: boo
     compiled = torch.compile(model, backend=backend, dynamic=dynamic, fullgraph=True)
     with torch.no_grad():
         for batch in batches:
-            x, pos = inputs(batch)
-            assert_close(compiled(x, pos), reference(x, pos))
+            tokens, pos = inputs(batch)
+            assert_close(compiled(tokens, pos), reference(tokens, pos))
             assert_close(model.cache, reference.cache)
     return model
 

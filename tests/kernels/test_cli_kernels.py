@@ -68,7 +68,7 @@ def test_list_check_says_whether_this_machine_runs_each_kernel(built, tmp_path, 
     capsys.readouterr()
     assert main(["kernels", "list", library, "--check"]) == 0
     out = capsys.readouterr().out
-    assert "runs here" in out and out.count("yes") == 2 and "[2, 16]" in out and "[3, 16]" in out
+    assert "runs here" in out and out.count("yes") == 2 and "[2]" in out and "[3]" in out
     foreign = make_package(tmp_path / "foreign.zip", {"g9/a": "2026-01-01"})  # its build names no CPU architecture
     assert main(["kernels", "install", str(foreign), "--library", library]) == 0
     capsys.readouterr()

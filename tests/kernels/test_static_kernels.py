@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import warnings
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -73,15 +74,17 @@ def test_records_follow_the_seed_layout(tmp_path):
 def test_a_process_writes_one_package_and_installs_it(built):
     assert [p.name for p in built.outputs.glob("static_kernel_*.zip")] == [built.package.name]
     manifest = built.manifest
-    assert sorted(k["label"] for k in manifest["kernels"]) == ["[2, 16]", "[3, 16]"]
+    assert sorted(k["label"] for k in manifest["kernels"]) == ["[2]", "[3]"]
     assert len({k["graph_key"] for k in manifest["kernels"]}) == 1
     build = manifest["build"]
     assert build["torch"] == torch.__version__ and build["airgraph"] == airgraph.__version__
     assert build["device"]["type"] == "cpu" and build["device"]["isa"] == torch.backends.cpu.get_cpu_capability()
-    kernel = built.kernel("[3, 16]")
-    assert ["float32", [3, 16], [16, 1]] in kernel["shape_key"] and kernel["build_seconds"] > 0
-    (record,) = manifest["graphs"].values()  # the Dynamo graph can warm-start on these kernels
-    assert record["graph_key"] == kernel["graph_key"] and len(record["inputs"]) == len(kernel["shape_key"])
+    kernel = built.kernel("[3]")
+    assert ["int64", [3], [1]] in kernel["shape_key"] and kernel["build_seconds"] > 0
+    # The Dynamo graph can warm-start on these kernels; its first trace (the embedding's float an input) restarted.
+    restart, record = sorted(manifest["graphs"].values(), key=lambda r: "inputs" in r)
+    assert record["graph_key"] == restart["graph_key"] == kernel["graph_key"]
+    assert len(record["inputs"]) == len(kernel["shape_key"]) and len(restart["restart"]) == 1
     library = KernelLibrary(built.library)
     index = library.read_index()
     assert sorted(index["kernels"]) == sorted(f"{k['graph_key']}/{k['shape_id']}" for k in manifest["kernels"])
@@ -90,19 +93,21 @@ def test_a_process_writes_one_package_and_installs_it(built):
         assert file_digest(path) == entry["files"]["kernel.pt2"]["sha256"]
     (segment,) = built.backend.reports[0].segments
     assert (segment.backend, segment.chosen_by) == ("static_kernels", "static-kernels")
-    assert segment.source["static_keys"] == ["[2, 16]", "[3, 16]"] and segment.source["dynamic_keys"] == []
+    assert segment.source["static_keys"] == ["[2]", "[3]"] and segment.source["dynamic_keys"] == []
 
 
 FRESH = """
 import json, sys, warnings
 import torch
+import torch._dynamo.backends.common as common
 from torch._inductor.graph import GraphLowering
-lowered = []
-original = GraphLowering.__init__
+lowered, traced = [], []
+original, aot = GraphLowering.__init__, common.aot_module_simplified
 def counting(self, *args, **kwargs):
     lowered.append(1)
     original(self, *args, **kwargs)
 GraphLowering.__init__ = counting
+common.aot_module_simplified = lambda *args, **kwargs: traced.append(1) or aot(*args, **kwargs)
 from airgraph.compat.torchair import CompilerConfig, get_npu_backend
 from tests.kernels.models import Step, inputs
 config = CompilerConfig()
@@ -119,7 +124,8 @@ with torch.no_grad(), warnings.catch_warnings():
         diffs.append((compiled(x, pos) - reference(x, pos)).abs().max().item())
         diffs.append((model.cache - reference.cache).abs().max().item())
 segment = backend.reports[0].segments[0]
-print(json.dumps({"lowered": len(lowered), "diff": max(diffs), "chosen_by": segment.chosen_by, **segment.source}))
+print(json.dumps({"lowered": len(lowered), "traced": len(traced), "diff": max(diffs), "chosen_by": segment.chosen_by,
+                  **segment.source}))
 """
 
 
@@ -133,8 +139,9 @@ def test_a_fresh_process_with_the_library_compiles_nothing_and_equals_eager(buil
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["lowered"] == 0  # Inductor lowered no graph: every key ran a prebuilt kernel
+    assert result["traced"] == 0  # not even AOTAutograd traced one: a warm start, with the float restart asked at once
     assert result["diff"] <= 1e-5
-    assert result["chosen_by"] == "static-kernels" and result["static_keys"] == ["[2, 16]", "[3, 16]"]
+    assert result["chosen_by"] == "static-kernels" and result["static_keys"] == ["[2]", "[3]"]
     assert result["dynamic_keys"] == [] and result["warm_start"]  # not even traced to ATen (kernels/warm.py)
 
 
@@ -146,32 +153,45 @@ def _edit_index(library: Path, edit) -> None:
     path.write_text(json.dumps(index))
 
 
-def _other_isa(entry: dict) -> None:
-    entry["build"]["device"]["isa"] = "AVX2" if entry["build"]["device"]["isa"] != "AVX2" else "AVX512"
+def _repackage(package: Path, target: Path, edit) -> Path:
+    """``package`` with its build record changed by ``edit`` (as if built elsewhere); files and digests intact."""
+    with zipfile.ZipFile(package) as src, zipfile.ZipFile(target, "w") as dst:
+        manifest = json.loads(src.read("manifest.json"))
+        for name in src.namelist()[:-1]:
+            dst.writestr(name, src.read(name))
+        edit(manifest)
+        dst.writestr("manifest.json", json.dumps(manifest))
+    return target
+
+
+def _other_isa(build: dict) -> None:
+    build["device"]["isa"] = "AVX2" if build["device"]["isa"] != "AVX2" else "AVX512"
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("change", "reason"),
     [
-        (lambda entry: entry["build"].__setitem__("torch", "2.11.0+cpu"), r"built for torch 2\.11\.0\+cpu, this is"),
+        (lambda build: build.__setitem__("torch", "2.11.0+cpu"), r"built for torch 2\.11\.0\+cpu, this is"),
         (_other_isa, r"built for CPU isa AVX"),
-        (lambda entry: entry["build"]["device"]["flags"].append("amx_tile_x"), "flags this CPU lacks: amx_tile_x"),
+        (lambda build: build["device"]["flags"].append("amx_tile_x"), "flags this CPU lacks: amx_tile_x"),
         ("flip", r"its file kernel.pt2 does not match its sha256"),
     ],
     ids=["torch-version", "isa", "isa-flag", "flipped-byte"],
 )
-def test_an_entry_built_elsewhere_or_corrupted_is_refused_once(built, tmp_path, change, reason):
-    library = library_copy(built, tmp_path)
-    if change == "flip":
+def test_a_kernel_built_elsewhere_or_corrupted_is_refused_once(built, tmp_path, change, reason):
+    library = tmp_path / "library"
+    if change == "flip":  # a byte of an installed kernel changes on disk
+        library = library_copy(built, tmp_path)
         for path in library.glob("packages/*/*/*/kernel.pt2"):
             data = bytearray(path.read_bytes())
             data[len(data) // 2] ^= 0x01
             path.write_bytes(bytes(data))
-    else:
-        _edit_index(library, change)
+    else:  # a package built on another machine, installed here
+        package = _repackage(built.package, tmp_path / "elsewhere.zip", lambda m: change(m["build"]))
+        assert KernelLibrary(library).install(package).added
     kernels = StaticKernels(static_config(tmp_path, library_dir=str(library), build=False))
-    kernel = built.kernel("[2, 16]")
+    kernel = built.kernel("[2]")
     with pytest.warns(UserWarning, match=reason) as caught:
         assert kernels.load(kernel["graph_key"], kernel["shape_id"], torch.device("cpu")) is None
     assert len(caught) == 1 and f"{kernel['graph_key']}/{kernel['shape_id']}" in str(caught[0].message)
@@ -189,7 +209,7 @@ def test_a_refused_kernel_leaves_the_segment_to_its_dynamic_kernel(built, tmp_pa
         run_step(backend, (2, 2))
     assert len([w for w in caught if "not used" in str(w.message)]) == 1
     (segment,) = backend.reports[0].segments
-    assert (segment.backend, segment.chosen_by, segment.source["dynamic_keys"]) == ("inductor", "config", ["[2, 16]"])
+    assert (segment.backend, segment.chosen_by, segment.source["dynamic_keys"]) == ("inductor", "config", ["[2]"])
     assert len(inductor_compiles) == 1
 
 
@@ -202,8 +222,8 @@ def test_a_key_missing_from_the_library_compiles_its_dynamic_kernel_then_only(bu
     run_step(backend, (4,))  # a new key: the graph compiles again, the ordinary way; its dynamic kernel now
     assert len(inductor_compiles) == 1
     warm, ordinary = (r.segments[0] for r in backend.reports)
-    assert warm.chosen_by == "static-kernels" and warm.source["static_keys"] == ["[2, 16]", "[3, 16]"]
-    assert (ordinary.chosen_by, ordinary.source["dynamic_keys"]) == ("config", ["[4, 16]"])
+    assert warm.chosen_by == "static-kernels" and warm.source["static_keys"] == ["[2]", "[3]"]
+    assert (ordinary.chosen_by, ordinary.source["dynamic_keys"]) == ("config", ["[4]"])
     assert list((tmp_path / "static_kernel_outputs").glob("*_outputs/*/relu_float32_contiguous_4_16_0.json"))
 
 
@@ -220,7 +240,7 @@ def test_reduce_overhead_runs_static_kernels_captured_or_not(built, tmp_path, de
         run_step(backend, (2, 3, 2, 3, 3))
     (report,) = backend.reports
     assert report.captured is (device == "simulated-cuda") and report.capture_keys == (2 if runtime else 0)
-    assert report.segments[0].source["static_keys"] == ["[2, 16]", "[3, 16]"] and inductor_compiles == []
+    assert report.segments[0].source["static_keys"] == ["[2]", "[3]"] and inductor_compiles == []
 
 
 @pytest.mark.slow
@@ -231,21 +251,21 @@ def test_explain_and_inspect_show_the_keys_that_run_static_kernels(built, tmp_pa
     monkeypatch.setenv("AIRGRAPH_STATIC_KERNELS_BUILD", "0")
     monkeypatch.setenv("AIRGRAPH_STATIC_KERNELS_BUILD_DIR", str(tmp_path))
     monkeypatch.setenv("AIRGRAPH_KERNEL_LIBRARY", str(library_copy(built, tmp_path)))
-    x, pos = inputs(3)
-    torch._dynamo.mark_dynamic(x, 0)  # the batch varies: the graph the library's kernels were built for
+    tokens, pos = inputs(3)
+    torch._dynamo.mark_dynamic(tokens, 0)  # the batch varies: the graph the library's kernels were built for
     with torch.no_grad():  # an inference graph: static kernels cover inference (training graphs: their kernels)
-        report = airgraph.explain(Step(), x, pos, config=tng.CompilerConfig())
+        report = airgraph.explain(Step(), tokens, pos, config=tng.CompilerConfig())
     segment = report.to_dict()["graphs"][0]["segments"][0]
-    assert (segment["chosen_by"], segment["source"]["static_keys"]) == ("static-kernels", ["[3, 16]"])
+    assert (segment["chosen_by"], segment["source"]["static_keys"]) == ("static-kernels", ["[3]"])
     script = tmp_path / "example.py"
     script.write_text(
         "import torch\n"
         "from tests.kernels.models import Step, inputs\n"
         "def airgraph_example():\n"
-        "    x, pos = inputs(2)\n"
-        "    torch._dynamo.mark_dynamic(x, 0)\n"
-        "    return Step(), (x, pos)\n"
+        "    tokens, pos = inputs(2)\n"
+        "    torch._dynamo.mark_dynamic(tokens, 0)\n"
+        "    return Step(), (tokens, pos)\n"
     )
     assert main(["inspect", str(script)]) == 0
     out = capsys.readouterr().out
-    assert "static_kernels" in out and "static-kernels" in out and "[2, 16]" in out
+    assert "static_kernels" in out and "static-kernels" in out and "[2]" in out
