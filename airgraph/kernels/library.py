@@ -40,7 +40,7 @@ from typing import Any
 
 from airgraph.config import CompilerConfig
 from airgraph.kernels import package as pkg
-from airgraph.store import locked, read_json, replace_dir, staging_dir, write_json_atomic
+from airgraph.store import locked, read_json, replace_dir, staging_dir, write_json_atomic, write_text_atomic
 
 __all__ = ["FORMAT", "VERSION", "InstallResult", "KernelLibrary", "library_path"]
 
@@ -233,8 +233,8 @@ class KernelLibrary:
                     owner = {}
                 if owner.get("pid") != os.getpid() and _alive(owner):
                     return "taken"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "time": time.time()}))
+            owner = {"pid": os.getpid(), "host": socket.gethostname(), "time": time.time()}
+            write_text_atomic(path, json.dumps(owner), durable=False)  # read without the lock: never torn
             return "claimed"
 
     def release(self, kid: str) -> None:
