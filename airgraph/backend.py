@@ -100,8 +100,9 @@ class AirgraphBackend:
 
         dynamo_graph = self.dynamo_graphs
         self.dynamo_graphs += 1
-        if self.static_kernels is not None and not self.plan_only and self.runtime is None:  # kernels/warm.py
-            warm = self.static_kernels.warm_start(gm, example_inputs)
+        kernels = self.static_kernels
+        if isinstance(kernels, StaticKernels) and not self.plan_only and self.runtime is None:  # kernels/warm.py
+            warm = kernels.warm_start(gm, example_inputs)
             if warm is not None:
                 self.reports.append(_warm_report(warm, self.config.mode, dynamo_graph))
                 return warm
