@@ -39,6 +39,8 @@ from airgraph.config import CompilerConfig
 from airgraph.graph.analysis import mutated_nodes, target_name, views_of_inputs
 from airgraph.graph.meta import SEGMENT, STREAM, placement
 from airgraph.graph.program import Segment
+from airgraph.kernels.static import StaticKernels
+from airgraph.kernels.warm import WarmGraph
 from airgraph.lowering.capture_plan import CapturePlan, describe_host_split, plan_capture
 from airgraph.lowering.host_split import split_host_work
 from airgraph.lowering.layouts import Layouts
@@ -84,6 +86,9 @@ class AirgraphBackend:
         self.tuning: ImplSource | None = None
         # Told of each new input-shape key of each compiled graph (static kernels record shapes there).
         self.shape_observers: list[Callable[[GraphReport, list[Segment]], ShapeKeyObserver | None]] = []
+        if self.config.static_kernels.enabled:  # seed 000: airgraph/kernels
+            self.static_kernels = StaticKernels(self.config)
+            self.shape_observers.append(self.static_kernels.observer)
         self._pool = MemoryPool(runtime_for(torch.device("cuda"), runtime))
 
     def __repr__(self) -> str:
@@ -95,6 +100,12 @@ class AirgraphBackend:
 
         dynamo_graph = self.dynamo_graphs
         self.dynamo_graphs += 1
+        kernels = self.static_kernels
+        if isinstance(kernels, StaticKernels) and not self.plan_only and self.runtime is None:  # kernels/warm.py
+            warm = kernels.warm_start(gm, example_inputs)
+            if warm is not None:
+                self.reports.append(_warm_report(warm, self.config.mode, dynamo_graph))
+                return warm
         compile_as = functools.partial(self.compile_graph, dynamo_graph=dynamo_graph)
         if self.config.kernel_backend == "inductor":
             from torch._functorch.partitioners import min_cut_rematerialization_partition
@@ -256,6 +267,14 @@ class AirgraphBackend:
                 observer(key, args)
 
         return observe
+
+
+def _warm_report(warm: WarmGraph, mode: str, dynamo_graph: int) -> GraphReport:
+    """A warm-started graph (airgraph/kernels/warm.py) was not traced to ATen: one segment, its static kernels."""
+    report = GraphReport(id=next_graph_id(), mode=mode, kind="inference", device="cpu", dynamo_graph=dynamo_graph)
+    segment = SegmentReport(0, None, "device", "static_kernels", warm.num_nodes, "static-kernels", warm.source)
+    report.segments = [segment]
+    return report
 
 
 def _warn_uncaptured(device: torch.device) -> None:

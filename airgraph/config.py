@@ -89,10 +89,17 @@ class Option:
         if self.env is not None and self.env in os.environ:
             raw = os.environ[self.env]
             value: Any = raw
-            if self.types is bool:
+            types = self.types if isinstance(self.types, tuple) else (self.types,)
+            if bool in types:
                 value = raw.strip().lower() in ("1", "true", "yes", "on")
-            elif self.types is int:
-                value = int(raw)
+            elif int in types:
+                try:
+                    value = int(raw)
+                except ValueError:
+                    raise ValueError(
+                        f"environment variable {self.env}={raw!r} is not an integer; unset it or give an integer. "
+                        f"{self.doc}"
+                    ) from None
             return value
         return copy.deepcopy(self.default)
 
@@ -117,6 +124,20 @@ def _positive(value: int) -> str | None:
 
 def _non_negative(value: int) -> str | None:
     return None if value >= 0 else "must be >= 0"
+
+
+def _positive_or_none(value: int | None) -> str | None:
+    return None if value is None or value >= 1 else "must be >= 1"
+
+
+def _non_negative_or_none(value: int | None) -> str | None:
+    return None if value is None or value >= 0 else "must be >= 0"
+
+
+def _folder_or_none(value: str | None) -> str | None:
+    if value is None:
+        return None
+    return "an empty path" if not value.strip() else ("contains a NUL byte" if "\0" in value else None)
 
 
 class OptionGroup:
@@ -311,6 +332,64 @@ class ExportConfig(OptionGroup):
     experimental = ExportExperimentalConfig
 
 
+class StaticKernelsConfig(OptionGroup):
+    """Static kernels (seed 000, airgraph/kernels): record the input shapes each compute segment runs with, build a
+    shape-specialized kernel per shape, ship them as packages installed into a kernel library, and run them."""
+
+    enabled = Option(
+        False,
+        "Record each compute segment's shapes, build a static-shape kernel per shape, and run installed ones.",
+        env="AIRGRAPH_STATIC_KERNELS",
+    )
+    build_dir = Option(
+        None,
+        "Folder of the records and packages (static_kernel_outputs/ in it); None: the working directory.",
+        types=(str, type(None)),
+        check=_folder_or_none,
+        allowed="a folder path (str) or None",
+        env="AIRGRAPH_STATIC_KERNELS_BUILD_DIR",
+    )
+    library_dir = Option(
+        None,
+        "The kernel library: packages are installed into it, static kernels loaded from it; None: "
+        "<build_dir>/static_kernel_library.",
+        types=(str, type(None)),
+        check=_folder_or_none,
+        allowed="a folder path (str) or None",
+        env="AIRGRAPH_KERNEL_LIBRARY",
+    )
+    build = Option(
+        True,
+        "Build the static kernels of shapes the library lacks (off: record shapes, run installed kernels only).",
+        env="AIRGRAPH_STATIC_KERNELS_BUILD",
+    )
+    local_world_size = Option(
+        None,
+        "Processes on this node sharing build_dir (torchrun sets LOCAL_WORLD_SIZE); required when LOCAL_RANK or "
+        "WORLD_SIZE say there are several.",
+        types=(int, type(None)),
+        check=_positive_or_none,
+        allowed="an int >= 1 or None",
+        env="LOCAL_WORLD_SIZE",
+    )
+    local_rank = Option(
+        None,
+        "This process's rank on its node (torchrun's LOCAL_RANK).",
+        types=(int, type(None)),
+        check=_non_negative_or_none,
+        allowed="an int >= 0 or None",
+        env="LOCAL_RANK",
+    )
+    world_size = Option(
+        None,
+        "Processes in the whole job (torchrun's WORLD_SIZE).",
+        types=(int, type(None)),
+        check=_positive_or_none,
+        allowed="an int >= 1 or None",
+        env="WORLD_SIZE",
+    )
+
+
 class CompilerConfig(OptionGroup):
     """All options of one airgraph compilation. Copy it freely: the backend keeps its own deep copy."""
 
@@ -333,3 +412,4 @@ class CompilerConfig(OptionGroup):
     host_placement = HostPlacementConfig
     experimental_config = ExperimentalConfig
     export = ExportConfig
+    static_kernels = StaticKernelsConfig

@@ -56,8 +56,10 @@ def _check_target(target: Path) -> None:
         raise StoreError(f"target file {target} is a symbolic link or a folder; give the path of a regular file")
 
 
-def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file in the same folder, flushed to disk, then renamed."""
+def write_bytes_atomic(path: str | os.PathLike[str], data: bytes, *, durable: bool = True) -> None:
+    """Write ``data`` to ``path`` through a temporary file in the same folder, flushed to disk, then renamed.
+    ``durable=False`` skips the flush (fsync): still never torn by a crash of the process, but the newest version
+    may be lost to a crash of the machine; for records written by the hundred (static kernels' shape records)."""
     target = Path(path)
     _check_target(target)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -66,22 +68,25 @@ def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> None:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
 
 
-def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
+def write_text_atomic(path: str | os.PathLike[str], text: str, *, durable: bool = True) -> None:
     """Write ``text`` (UTF-8) to ``path`` atomically (see :func:`write_bytes_atomic`)."""
-    write_bytes_atomic(path, text.encode("utf-8"))
+    write_bytes_atomic(path, text.encode("utf-8"), durable=durable)
 
 
-def write_json_atomic(path: str | os.PathLike[str], data: Any, *, format: str, version: int) -> None:
+def write_json_atomic(
+    path: str | os.PathLike[str], data: Any, *, format: str, version: int, durable: bool = True
+) -> None:
     """Write ``data`` (a dict) as JSON under a header ``{"format": format, "version": version}``, atomically."""
     document = {"format": format, "version": version, **data}
-    write_text_atomic(path, json.dumps(document, indent=2, sort_keys=False) + "\n")
+    write_text_atomic(path, json.dumps(document, indent=2, sort_keys=False) + "\n", durable=durable)
 
 
 def read_json(path: str | os.PathLike[str], *, format: str, version: int) -> dict[str, Any]:

@@ -134,3 +134,36 @@ def test_the_kernel_backend_registry_is_the_one_list_of_allowed_values(monkeypat
     monkeypatch.delitem(backends.KERNEL_BACKENDS, "mine")
     with pytest.raises(ValueError, match=r"invalid value 'mine'.*allowed values: 'inductor', 'aten'"):
         config.kernel_backend = "mine"
+
+
+def test_static_kernel_options_defaults_validation_and_environment(monkeypatch):
+    config = CompilerConfig()
+    assert config.as_dict()["static_kernels"] == {
+        "enabled": False,
+        "build_dir": None,
+        "library_dir": None,
+        "build": True,
+        "local_world_size": None,
+        "local_rank": None,
+        "world_size": None,
+    }
+    with pytest.raises(ValueError, match=r"static_kernels\.build_dir: invalid value '' \(an empty path\)"):
+        config.static_kernels.build_dir = ""
+    with pytest.raises(ValueError, match=r"static_kernels\.local_world_size: invalid value 0 \(must be >= 1\)"):
+        config.static_kernels.local_world_size = 0
+    with pytest.raises(ValueError, match=r"static_kernels\.enabled: invalid value 'yes'"):
+        config.static_kernels.enabled = "yes"
+    monkeypatch.setenv("AIRGRAPH_STATIC_KERNELS", "1")
+    monkeypatch.setenv("AIRGRAPH_STATIC_KERNELS_BUILD_DIR", "/tmp/kernels")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    options = CompilerConfig().static_kernels
+    assert (options.enabled, options.build_dir, options.local_world_size, options.local_rank) == (
+        True,
+        "/tmp/kernels",
+        4,
+        3,
+    )
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "four")
+    with pytest.raises(ValueError, match=r"environment variable LOCAL_WORLD_SIZE='four' is not an integer"):
+        CompilerConfig()

@@ -1,4 +1,4 @@
-"""The ``airgraph`` command (also ``python -m airgraph``): demo, bench, inspect, export, run.
+"""The ``airgraph`` command (also ``python -m airgraph``): demo, bench, inspect, export, run, kernels.
 
 One module per subcommand group (bench.py: demo and bench; inspect.py; export.py: export and run), each with an
 ``add_parsers(sub, docs)`` that imports no torch, so ``airgraph --help`` answers at once; a command imports
@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 
 import airgraph
-from airgraph.cli import bench, export, inspect
+from airgraph.cli import bench, export, inspect, kernels
 from airgraph.cli.common import CliError, make_console
 from airgraph.config import CompilerConfig
 
@@ -31,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"airgraph {airgraph.__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for group in (bench, inspect, export):
+    for group in (bench, inspect, export, kernels):
         group.add_parsers(sub, docs)
     parser.set_defaults(subcommands=sub.choices)
     return parser

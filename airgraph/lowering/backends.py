@@ -68,6 +68,13 @@ def _aten(request: LowerRequest) -> Callable[[list], Any]:
     return compile_aten(request.gm)
 
 
+@kernel_backend("static_kernels", selectable=False)
+def _static_kernels(request: LowerRequest) -> Callable[[list], Any]:
+    """Static kernels (airgraph/kernels): a prebuilt kernel per input-shape key, others' dynamic kernel lazily."""
+    # The seam's static-kernels step put the kernel library itself in the options: lowering imports no kernels/.
+    return request.options["kernels"].segment(request)
+
+
 @kernel_backend("interpreter", selectable=False)
 def _interpreter(request: LowerRequest) -> Callable[[list], Any]:
     """debug.run_eagerly: torch.fx.Interpreter, one node at a time, for bisecting."""

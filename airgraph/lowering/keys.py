@@ -6,6 +6,7 @@ same segment traced in another process (other node names, other object ids) gets
 - ``graph_key(gm)``: a digest of the segment's canonical text: its ops in order with their arguments (values
   by position, Python constants by value, tensor constants by their bytes' digest) and its inputs' dtypes and
   ranks. Sizes are not in it, except where the graph itself holds them as constants (a static-shape graph).
+  It also names a Dynamo graph (torch-level ops, methods by name), for the static kernels' warm start.
 - ``shape_key(values)``: the concrete (dtype, sizes, strides) of each tensor input and the value of each other
   input, or None while any of them is symbolic (a dynamic-shape graph has one per call, see runtime).
 """
@@ -45,8 +46,8 @@ def canonical_text(gm: torch.fx.GraphModule) -> str:
     lines = []
     for node in gm.graph.nodes:
         index[node] = f"%{len(index)}"
-        if node.op == "placeholder":
-            lines.append(f"input {_value_meta(node.meta.get('val'))}")
+        if node.op == "placeholder":  # ATen graphs keep the traced value in "val", Dynamo's in "example_value"
+            lines.append(f"input {_value_meta(node.meta.get('val', node.meta.get('example_value')))}")
         elif node.op == "get_attr":
             lines.append(f"constant {_constant(getattr(gm, node.target, None))}")
         elif node.op == "output":
@@ -54,7 +55,8 @@ def canonical_text(gm: torch.fx.GraphModule) -> str:
         else:
             args = _arg(node.args, index)
             kwargs = _arg(dict(sorted(node.kwargs.items())), index)
-            lines.append(f"{_target(node.target)} {args} {kwargs}")
+            method = "method " if node.op == "call_method" else ""  # x.view(...) in a Dynamo graph
+            lines.append(f"{method}{_target(node.target)} {args} {kwargs}")
     return "\n".join(lines)
 
 

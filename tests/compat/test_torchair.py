@@ -22,3 +22,24 @@ def test_torchair_names_compile_and_match_eager():
     torch.testing.assert_close(model(x, y), Model()(x, y))
     assert len(backend.reports) == 1
     assert tng.CompilerConfig is CompilerConfig and isinstance(tng.get_compiler(config), AirgraphBackend)
+
+
+def test_torchair_static_kernel_names_set_airgraph_options(tmp_path):
+    import copy
+
+    import pytest
+
+    config = CompilerConfig()
+    config.experimental_config.aclgraph._aclnn_static_shape_kernel = True
+    config.experimental_config.aclgraph._aclnn_static_shape_kernel_build_dir = str(tmp_path)
+    assert config.static_kernels.enabled is True and config.static_kernels.build_dir == str(tmp_path)
+    assert config.experimental_config.aclgraph._aclnn_static_shape_kernel is True
+    backend = tng.get_npu_backend(compiler_config=config)
+    assert backend.static_kernels is not None and backend.static_kernels.build_dir == tmp_path.resolve()
+    clone = copy.deepcopy(config)  # the names follow the copy, not the original
+    clone.experimental_config.aclgraph._aclnn_static_shape_kernel = False
+    assert clone.static_kernels.enabled is False and config.static_kernels.enabled is True
+    with pytest.raises(ValueError, match=r"static_kernels\.enabled: invalid value 'on'"):
+        config.experimental_config.aclgraph._aclnn_static_shape_kernel = "on"
+    with pytest.raises(AttributeError, match="has no option '_aclnn_static_shape_kernel_dir'"):
+        config.experimental_config.aclgraph._aclnn_static_shape_kernel_dir = "/x"

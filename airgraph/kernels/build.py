@@ -1,0 +1,112 @@
+"""Building one static kernel: a segment's graph compiled by Inductor for one shape key, as an AOTInductor package.
+
+The segment's graph (ATen, possibly with symbolic sizes) is specialized to the key's concrete inputs: Python
+values (SymInts of the key) become constants, tensors get the key's dtypes, sizes and strides. ``torch.export``
+traces it into an ExportedProgram with static shapes (in-place writes to inputs, such as a KV-cache update, are
+kept as mutations of those inputs), and ``torch._inductor.aoti_compile_and_package`` compiles that with Inductor
+(the segment's Inductor options; on CUDA, Triton kernels autotuned for these sizes) into one ``.pt2`` file holding
+the compiled code and its C++ launcher (``kernels/dispatch.py`` loads it).
+
+Why AOTInductor packages rather than Inductor's own output code plus its compiled objects: both load without
+compiling, but an AOTInductor package is one file that torch loads through a public API
+(``torch._inductor.aoti_load_package``) on the CPU and on CUDA alike, and runs with a C++ launcher; loading it
+took 6 ms for the tiny LLaMA graph here (the package loader; benchmarks/static_kernels.py measures it beside
+Inductor's cached output code), while Inductor's output code needs its Python wrapper imported and its kernels'
+shared objects found in Inductor's cache under names derived from the compiler's flags.
+
+The built module returns the segment's tensor outputs only; outputs that are Python values (sizes computed from
+the key) are constants of the key, and the dispatcher puts them back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import _disable_current_modes
+
+__all__ = ["build_kernel", "example_tensors", "outside_compilation", "tensor_outputs"]
+
+_DTYPES = {str(d).removeprefix("torch."): d for d in vars(torch).values() if isinstance(d, torch.dtype)}
+
+
+def example_tensors(specs: list[dict[str, Any]], device: torch.device) -> list[torch.Tensor]:
+    """Tensors with the specs' dtypes, sizes and strides on ``device``: small random floats, zeros otherwise (valid
+    indices for any gather or index_copy the graph does)."""
+    tensors = []
+    for s in specs:
+        if "dtype" not in s:
+            continue
+        dtype = _DTYPES[s["dtype"]]
+        t = torch.empty_strided(s["shape"], s["stride"], dtype=dtype, device=device)
+        if dtype.is_floating_point or dtype.is_complex:
+            t.uniform_(-0.5, 0.5)
+        else:
+            t.zero_()
+        tensors.append(t)
+    return tensors
+
+
+def tensor_outputs(gm: torch.fx.GraphModule) -> list[int]:
+    """Positions of the segment's outputs that are tensors (its traced values say)."""
+    outputs = gm.graph.find_nodes(op="output")[0].args[0]
+    return [
+        i
+        for i, out in enumerate(outputs)
+        if isinstance(out, torch.fx.Node) and isinstance(out.meta.get("val"), torch.Tensor)
+    ]
+
+
+@contextlib.contextmanager
+def outside_compilation() -> Iterator[None]:
+    """Compile as if called at top level, not as part of the graph call this is nested in: a graph's first run
+    happens inside Dynamo's tracing and compile contexts and AOTAutograd's dispatch mode that checks custom ops,
+    where export and Inductor would find the wrong fake mode or trace through the mode."""
+    with _disable_current_modes(), torch._guards.tracing(None), torch._guards.compile_context(None):
+        yield
+
+
+class _Specialized(torch.nn.Module):
+    """The segment with its Python-valued inputs fixed to the key's values: tensors in, tensor outputs out."""
+
+    def __init__(self, gm: torch.fx.GraphModule, specs: list[dict[str, Any]]) -> None:
+        super().__init__()
+        self.gm = gm
+        self.count = len(specs)
+        self.tensors = [i for i, s in enumerate(specs) if "dtype" in s]
+        self.values = {i: s["value"] for i, s in enumerate(specs) if "dtype" not in s}
+        self.outputs = tensor_outputs(gm)
+
+    def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        args: list[Any] = [None] * self.count
+        for i, t in zip(self.tensors, tensors, strict=True):
+            args[i] = t
+        for i, v in self.values.items():
+            args[i] = v
+        outs = self.gm(*args)
+        return tuple(outs[i] for i in self.outputs)
+
+
+def build_kernel(
+    gm: torch.fx.GraphModule,
+    specs: list[dict[str, Any]],
+    device: torch.device,
+    path: Path,
+    *,
+    inductor_config: dict[str, Any] | None = None,
+) -> float:
+    """Compile ``gm`` for inputs of ``specs`` (kernels/shapes.py) on ``device`` into the AOTInductor package
+    ``path``; returns the seconds it took. Raises what export or Inductor raise for a graph they cannot compile."""
+    from torch._inductor import aoti_compile_and_package
+
+    start = time.perf_counter()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    module = _Specialized(gm, specs)
+    with torch.no_grad(), outside_compilation():
+        program = torch.export.export(module, tuple(example_tensors(specs, device)), strict=False)
+        aoti_compile_and_package(program, package_path=str(path), inductor_configs=dict(inductor_config or {}))
+    return time.perf_counter() - start

@@ -1,0 +1,88 @@
+"""What a static kernel was built for, and whether this machine can run it.
+
+A static kernel is machine code: Inductor compiles C++ with ``-march=native`` (the build machine's instruction
+set) and Triton kernels for one GPU architecture, against one torch's ABI. Every package and library entry
+therefore carries :func:`describe` of its build, and a kernel is loaded only where :func:`mismatch` finds
+nothing:
+
+- torch and airgraph versions: equal (the kernels call into torch's C++ ABI; airgraph's graph keys may change);
+- CPU: the same architecture and vector ISA, and every instruction-set flag the build machine had (a model name
+  is recorded too, but two models with the same flags run the same code);
+- CUDA: the same compute capability (the cubins' architecture); the device name is recorded, and the CUDA
+  version comes with the torch version (``2.11.0+cu128``).
+"""
+
+from __future__ import annotations
+
+import functools
+import platform
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import airgraph
+
+__all__ = ["describe", "mismatch"]
+
+
+@functools.cache
+def _cpu() -> dict[str, Any]:
+    model, flags = "", []
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():  # Linux: the model name and the instruction-set flags of the first core
+        for line in cpuinfo.read_text(errors="replace").splitlines():
+            name, _, value = line.partition(":")
+            name = name.strip()
+            if name == "model name" and not model:
+                model = value.strip()
+            elif name in ("flags", "Features") and not flags:
+                flags = sorted(value.split())
+    return {
+        "type": "cpu",
+        "machine": platform.machine(),
+        "model": model or platform.processor() or platform.machine(),
+        "isa": torch.backends.cpu.get_cpu_capability(),
+        "flags": flags,
+    }
+
+
+def describe(device: torch.device) -> dict[str, Any]:
+    """The build record of kernels compiled here for ``device``: versions and the device's description."""
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        major, minor = torch.cuda.get_device_capability(index)
+        target: dict[str, Any] = {
+            "type": "cuda",
+            "name": torch.cuda.get_device_name(index),
+            "capability": f"{major}.{minor}",
+            "cuda": torch.version.cuda,
+        }
+    else:
+        target = dict(_cpu())
+    return {"torch": torch.__version__, "airgraph": airgraph.__version__, "device": target}
+
+
+def mismatch(built: dict[str, Any], here: dict[str, Any]) -> str | None:
+    """Why kernels built as ``built`` (a :func:`describe` record) cannot run ``here``; None when they can."""
+    for field in ("torch", "airgraph"):
+        if built.get(field) != here.get(field):
+            return f"built for {field} {built.get(field)}, this is {field} {here.get(field)}"
+    b, h = built.get("device") or {}, here.get("device") or {}
+    if b.get("type") != h.get("type"):
+        return f"built for a {b.get('type')} device, this segment runs on {h.get('type')}"
+    if h.get("type") == "cuda":
+        if b.get("capability") != h.get("capability"):
+            return (
+                f"built for CUDA compute capability {b.get('capability')} ({b.get('name')}), this GPU is "
+                f"{h.get('capability')} ({h.get('name')})"
+            )
+        return None
+    for field in ("machine", "isa"):
+        if b.get(field) != h.get(field):
+            return f"built for CPU {field} {b.get(field)}, this CPU has {h.get(field)}"
+    missing = sorted(set(b.get("flags") or ()) - set(h.get("flags") or ()))
+    if missing:
+        shown = ", ".join(missing[:6]) + (f" (+{len(missing) - 6} more)" if len(missing) > 6 else "")
+        return f"built on a CPU with instruction-set flags this CPU lacks: {shown}"
+    return None

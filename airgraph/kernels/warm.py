@@ -1,0 +1,264 @@
+"""Warm start: a Dynamo graph whose static kernels are all installed runs them without AOTAutograd or lowering.
+
+With the library installed, a fresh process still traces its model twice before a static kernel runs: Dynamo
+(Python to an FX graph) and AOTAutograd (functionalization and decomposition to ATen, which also imports Inductor
+for its decompositions). For the tiny LLaMA decode step on a 2-core CPU the second is most of the time to the
+first output (benchmarks/static_kernels.py). Where the ATen graph is one static-kernel segment, it can be skipped:
+
+- **recorded** by the process that built the kernels (:func:`graph_record`): a Dynamo graph qualifies when its
+  ATen graph is an inference graph whose single segment reads only graph inputs and returns the graph's outputs
+  in order (tensors), with nothing left to AOTAutograd's runtime wrappers: input mutations stay in the graph, no
+  output aliases an input or an intermediate, no input is duplicated or a subclass, no effect tokens. The package
+  then says which Dynamo graph (its graph key and a digest of the options that shape compilation) the segment's
+  kernels serve, and which graph inputs they read;
+- **restarts** recorded too: with ``dynamic=True``, Dynamo passes a module's Python floats (an epsilon) as
+  symbolic inputs, and AOTAutograd, failing to turn one into a tensor, makes Dynamo trace the frame again with it
+  specialized (``TensorifyScalarRestartAnalysis``) after tracing the whole graph. The building process records
+  that the first graph restarted and which floats were specialized; a later process asks Dynamo for the same
+  restart at once (a first attempt that costs AOTAutograd's trace, in every process, without this);
+- **used** by a later process (:func:`warm_start`, called by the backend before AOTAutograd): for a Dynamo graph
+  the library records, on the CPU, without autograd, whose current shape key has a kernel that runs here, the
+  backend returns a :class:`WarmGraph` that calls the kernels directly. It guards the compiled graph on the
+  symbol values of the installed keys (a ShapeEnv guard, as Inductor's own specializations): a call with any
+  other shapes makes Dynamo compile the graph again, and that compile takes the ordinary path (dynamic kernels,
+  records, builds). A kernel that cannot be loaded after all (removed since) runs the Dynamo graph eagerly, with
+  a warning.
+
+Not on CUDA (nor with a simulated CUDA runtime): there the ordinary path captures the kernels in a CUDA graph,
+which a warm graph would skip. A warm graph writes no shape records (its keys were recorded by the process that
+built them); its report has one segment, ``chosen_by: static-kernels``, with ``warm_start`` in its source.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import operator
+import warnings
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
+
+from airgraph.config import CompilerConfig
+from airgraph.kernels import package as pkg
+from airgraph.kernels.shapes import shape_id, symbolic_positions
+from airgraph.lowering.keys import graph_key, shape_key
+
+if TYPE_CHECKING:
+    from airgraph.graph.program import Segment
+    from airgraph.kernels.dispatch import LoadedKernel
+
+
+class StaticKernels(Protocol):
+    """What a warm start asks of the library (kernels/static.py's StaticKernels)."""
+
+    config: CompilerConfig
+    current: tuple[str, int] | None
+
+    def graph_records(self) -> dict[str, dict]: ...
+
+    def entries(self, graph_key: str) -> list[dict[str, Any]]: ...
+
+    def load(self, graph_key: str, sid: str, device: torch.device) -> LoadedKernel | None: ...
+
+
+__all__ = ["WarmGraph", "dynamo_key", "graph_record", "restarted_floats", "warm_start"]
+
+try:  # how AOTAutograd makes Dynamo trace again with Python floats specialized (the same in torch 2.11 to 2.13)
+    from torch._dynamo.exc import TensorifyScalarRestartAnalysis
+    from torch._dynamo.symbolic_convert import TensorifyState
+except ImportError:  # pragma: no cover - a torch without them: no shortcut, the ordinary path
+    TensorifyScalarRestartAnalysis = TensorifyState = None  # type: ignore[assignment, misc]
+
+
+def restarted_floats() -> list[str]:
+    """The float symbols AOTAutograd asked Dynamo to specialize while compiling this frame (it raised
+    ``TensorifyScalarRestartAnalysis``; Dynamo traced the frame again)."""
+    return sorted(getattr(TensorifyState, "force_specializations", ()) or ())
+
+
+def _restart(names: list[str], gm: torch.fx.GraphModule) -> None:
+    """Make Dynamo trace again with these floats specialized, as AOTAutograd did for this graph in the process that
+    recorded it (module docstring), without tracing it through AOTAutograd first. The floats are the graph's
+    SymFloats (a module's float attribute is a 0-d tensor input whose ``item()`` the graph takes)."""
+    values = (n.meta.get("example_value") for n in gm.graph.nodes)
+    floats = {str(v.node.expr) for v in values if isinstance(v, torch.SymFloat)}
+    if TensorifyState is None or not names or not set(names) <= floats:
+        return
+    for name in names:
+        TensorifyState.specialize(name)
+    raise TensorifyScalarRestartAnalysis
+
+
+def dynamo_key(gm: torch.fx.GraphModule, config: CompilerConfig) -> str:
+    """A Dynamo graph's key for warm starts: its graph key and the options that shape its compilation (all but the
+    static kernels' own and debugging ones)."""
+    options = {k: v for k, v in config.as_dict().items() if k not in ("static_kernels", "debug")}
+    text = graph_key(gm) + json.dumps(options, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def _simple(metadata: Any, inputs: int) -> bool:
+    """Whether AOTAutograd's runtime wrappers have nothing to do for this graph (module docstring)."""
+    if metadata is None:
+        return False
+    return (
+        metadata.num_mutated_inp_runtime_indices == 0
+        and not metadata.aliased_out_indices
+        and metadata.num_intermediate_bases == 0
+        and not metadata.tokens
+        and len(metadata.input_info) == inputs
+        and all(not hasattr(m, "arg_count") for m in metadata.subclass_inp_meta)
+    )
+
+
+def graph_record(current: tuple[str, int] | None, segments: list[Segment]) -> dict[str, Any] | None:
+    """How the Dynamo graph being compiled (``current``: its warm-start key and number of inputs) is served by its one
+    segment's kernels: ``{"graph_key": the segment's, "inputs": the graph inputs it reads, its order}``, when its
+    ATen graph qualifies for warm starts (module docstring); called while AOTAutograd compiles it (its metadata is
+    in the tracing context). None when it does not qualify."""
+    if current is None or len(segments) != 1 or segments[0].sync or segments[0].gm is None:
+        return None
+    (segment,) = segments
+    graph = segment.nodes[0].graph
+    placeholders = list(graph.find_nodes(op="placeholder"))
+    outputs = list(graph.find_nodes(op="output")[0].args[0])
+    if segment.outputs != outputs or len(set(outputs)) != len(outputs):
+        return None
+    if any(not isinstance(o, torch.fx.Node) or not isinstance(o.meta.get("val"), torch.Tensor) for o in outputs):
+        return None
+    position = {node: i for i, node in enumerate(placeholders)}
+    inputs = [position.get(node, -1) for node in segment.inputs]
+    if -1 in inputs:  # the segment reads graph inputs only (in the order it first uses them)
+        return None
+    context = torch._guards.TracingContext.try_get()
+    metadata = getattr(context, "fw_metadata", None)
+    if not _simple(metadata, current[1]) or len(placeholders) != current[1]:
+        return None
+    key = getattr(segment.compiled, "graph_key", None)
+    return {"graph_key": key, "inputs": inputs} if key is not None else None
+
+
+def _hint(value: Any) -> Any:
+    """The value a traced size has in this call (None when it is data-dependent); tensors: (sizes, strides)."""
+    if isinstance(value, torch.SymInt):
+        return value.node.hint
+    if isinstance(value, torch.Tensor):
+        dims = tuple(_hint(d) for d in value.shape), tuple(_hint(d) for d in value.stride())
+        return None if None in dims[0] + dims[1] else dims
+    return value
+
+
+def _symbols(example_inputs: list[Any]) -> list[tuple[int, int | None, torch.SymInt]]:
+    """(input, dim or None for a SymInt input, the SymInt) of every size that is a plain symbol."""
+    found = []
+    for i, value in enumerate(example_inputs):
+        dims = list(enumerate(value.shape)) if isinstance(value, torch.Tensor) else [(None, value)]
+        for d, size in dims:
+            if isinstance(size, torch.SymInt) and size.node.expr.is_Symbol:
+                found.append((i, d, size))
+    return found
+
+
+def warm_start(kernels: StaticKernels, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> WarmGraph | None:
+    """A WarmGraph for this Dynamo graph when the library can serve it (module docstring), else None; either way,
+    the graph's warm-start key is left in ``kernels.current`` for the ordinary compile that follows to record."""
+    kernels.current = None
+    values = [_hint(v) for v in example_inputs]
+    devices = {v.device.type for v in example_inputs if isinstance(v, torch.Tensor)}
+    grad = torch.is_grad_enabled() and any(getattr(v, "requires_grad", False) for v in example_inputs)
+    if devices != {"cpu"} or grad or any(v is None for v in values):
+        return None
+    key = dynamo_key(gm, kernels.config)
+    kernels.current = (key, len(example_inputs))
+    record = kernels.graph_records().get(key)
+    traced = [n.meta.get("example_value") for n in gm.graph.find_nodes(op="placeholder")]
+    if record is None or len(traced) != len(example_inputs):
+        return None
+    if "restart" in record:
+        _restart(record["restart"], gm)
+        return None
+    segment_key, positions = record["graph_key"], record["inputs"]
+    if any(p >= len(example_inputs) for p in positions):
+        return None
+    inputs = [traced[p] for p in positions]  # Dynamo hands its backend real inputs; traced values are its nodes'
+    concrete = tuple(
+        (str(v.dtype).removeprefix("torch."), *values[p]) if isinstance(v, torch.Tensor) else values[p]
+        for p, v in zip(positions, inputs, strict=True)
+    )
+    if kernels.load(segment_key, shape_id(concrete), torch.device("cpu")) is None:
+        return None
+    symbols = _symbols(inputs)
+    choices = []  # per installed key of this graph: the value of each symbol
+    for entry in kernels.entries(segment_key):
+        spec = entry["shape_key"]
+        if len(spec) == len(concrete):
+            choice = [spec[i][1][d] if d is not None else spec[i] for i, d, _ in symbols]
+            if all(isinstance(c, int) for c in choice):
+                choices.append(choice)
+    if symbols:  # guard: other shapes recompile the graph (the ordinary path); these stay here
+        terms = [
+            functools.reduce(operator.and_, [s == c for (_, _, s), c in zip(symbols, choice, strict=True)])
+            for choice in choices
+        ]
+        if not terms or not bool(functools.reduce(operator.or_, terms)):
+            return None
+    return WarmGraph(kernels, gm, segment_key, key, traced, positions)
+
+
+class WarmGraph:
+    """The compiled Dynamo graph of a warm start: per shape key, the installed static kernel.
+
+    ``source`` is what its report's one segment says (the backend makes the report); it lists the keys run."""
+
+    def __init__(
+        self,
+        kernels: StaticKernels,
+        gm: torch.fx.GraphModule,
+        segment_key: str,
+        key: str,
+        traced: list,
+        positions: list[int],
+    ) -> None:
+        """``traced``: the graph's inputs as traced (symbolic sizes show what varies); ``positions``: those the
+        segment's kernels read, in order."""
+        self.kernels, self.gm, self.segment_key, self.positions = kernels, gm, segment_key, positions
+        self.tensors = [p for p in positions if isinstance(traced[p], torch.Tensor)]
+        varying = [positions[i] for i in symbolic_positions([traced[p] for p in positions])]
+        self._varying_tensors = [i for i in varying if isinstance(traced[i], torch.Tensor)]
+        self._varying_values = [i for i in varying if not isinstance(traced[i], torch.Tensor)]
+        self.runs: dict[tuple, Any] = {}
+        self.source: dict[str, Any] = {
+            "graph_key": segment_key,
+            "static_keys": [],
+            "dynamic_keys": [],
+            "warm_start": key,
+        }
+        self.num_nodes = len(gm.graph.nodes)
+
+    def __call__(self, *args: Any) -> Any:
+        key = (
+            *[args[i].shape for i in self._varying_tensors],
+            *[args[i].stride() for i in self._varying_tensors],
+            *[args[i] for i in self._varying_values],
+        )
+        run = self.runs.get(key)
+        if run is None:
+            run = self.runs[key] = self._resolve(args)
+        return run(args)
+
+    def _resolve(self, args: tuple) -> Any:
+        sid = shape_id(shape_key([args[p] for p in self.positions]))
+        kernel = self.kernels.load(self.segment_key, sid, torch.device("cpu"))
+        if kernel is None:
+            warnings.warn(
+                f"airgraph: static kernel {pkg.kernel_id(self.segment_key, sid)} of a warm-started graph cannot be "
+                "loaded; this shape runs the Dynamo graph eagerly",
+                stacklevel=3,
+            )
+            return lambda a: self.gm(*a)
+        parts = [str(list(args[i].shape)) for i in self._varying_tensors] + [str(args[i]) for i in self._varying_values]
+        self.source["static_keys"] = sorted({*self.source["static_keys"], " ".join(parts) or "static"})
+        tensors, run_kernel = self.tensors, kernel.run
+        return lambda a: run_kernel([a[i] for i in tensors])

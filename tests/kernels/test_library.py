@@ -1,0 +1,239 @@
+"""Packages and the kernel library without torch: format, digests, atomic installs, crashes, concurrent installs.
+
+The packages here are written by the real package writer with files of random bytes: installing never loads a
+kernel, so what the files hold does not matter, only that their digests are checked and nothing is torn."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from airgraph.kernels.library import KernelLibrary
+from airgraph.kernels.package import MANIFEST, KernelFiles, PackageError, read_manifest, verify, write_package
+from airgraph.store import file_digest
+from tests.kernels.conftest import run_python
+
+BUILD = {"torch": "2.13.0+cpu", "airgraph": "0.1.0", "device": {"type": "cpu", "isa": "AVX512", "flags": []}}
+
+
+def make_package(path: Path, kernels: dict[str, str], *, size: int = 4096) -> Path:
+    """A package at ``path`` with one kernel per ``{"<graph>/<shape>": built time}``, each a file of random bytes."""
+    files = []
+    for kid, built in kernels.items():
+        graph, shape = kid.split("/")
+        blob = path.parent / f".{path.stem}-{graph}-{shape}.bin"
+        blob.write_bytes(os.urandom(size))
+        info = {"built": built, "label": f"[{shape}]", "ops": 3}
+        files.append(KernelFiles(graph, [["float32", [2, 16], [16, 1]]], shape, {"kernel.pt2": blob}, info))
+    write_package(path, files, BUILD)
+    return path
+
+
+def check_library(library: KernelLibrary) -> dict:
+    """Every indexed kernel's files exist and match their digests; no folder outside the index."""
+    index = library.read_index()
+    for entry in index["kernels"].values():
+        for name, expected in entry["files"].items():
+            assert file_digest(library.folder(entry) / name) == expected["sha256"]
+    folders = {p.name for p in (library.root / "packages").iterdir()} if (library.root / "packages").exists() else set()
+    assert folders == {e["package"] for e in index["kernels"].values()}
+    return index
+
+
+def test_a_package_holds_its_kernels_and_a_manifest_written_last(tmp_path):
+    path = make_package(tmp_path / "static_kernel_1.zip", {"g1/s1": "2026-01-01T00:00:00", "g1/s2": "2026-01-01"})
+    with zipfile.ZipFile(path) as archive:
+        names = archive.namelist()
+    assert names == ["kernels/g1/s1/kernel.pt2", "kernels/g1/s2/kernel.pt2", MANIFEST]
+    manifest = read_manifest(path)
+    assert manifest["format"] == "airgraph-kernel-package" and manifest["build"] == BUILD
+    kernel = manifest["kernels"][0]
+    assert (kernel["graph_key"], kernel["shape_id"], kernel["shape_key"]) == (
+        "g1",
+        "s1",
+        [["float32", [2, 16], [16, 1]]],
+    )
+    assert kernel["files"]["kernel.pt2"]["size"] == 4096 and len(kernel["files"]["kernel.pt2"]["sha256"]) == 64
+    verify(path, manifest)
+
+
+def test_a_flipped_byte_or_a_torn_package_is_refused(tmp_path):
+    path = make_package(tmp_path / "p.zip", {"g/s": "2026-01-01"})
+    data = bytearray(path.read_bytes())
+    flipped = tmp_path / "flipped.zip"
+    offset = data.index(b"kernels/g/s/kernel.pt2") + 200  # inside the first member's data
+    data[offset] ^= 0xFF
+    flipped.write_bytes(bytes(data))
+    library = KernelLibrary(tmp_path / "lib")
+    with pytest.raises(PackageError, match=r"kernels/g/s/kernel.pt2 (cannot be read|does not match its sha256)"):
+        library.install(flipped)
+    torn = tmp_path / "torn.zip"
+    torn.write_bytes(path.read_bytes()[: len(data) // 2])
+    with pytest.raises(PackageError, match="not a readable kernel package"):
+        library.install(torn)
+    assert library.read_index()["kernels"] == {}
+
+    # A manifest that lies about a file's digest (the zip itself intact).
+    manifest = read_manifest(path)
+    manifest["kernels"][0]["files"]["kernel.pt2"]["sha256"] = "0" * 64
+    lying = tmp_path / "lying.zip"
+    with zipfile.ZipFile(path) as src, zipfile.ZipFile(lying, "w") as dst:
+        dst.writestr("kernels/g/s/kernel.pt2", src.read("kernels/g/s/kernel.pt2"))
+        dst.writestr(MANIFEST, json.dumps(manifest))
+    with pytest.raises(PackageError, match="does not match its sha256 in the manifest"):
+        library.install(lying)
+
+
+def test_install_twice_is_a_no_op_and_newer_builds_replace_older(tmp_path):
+    library = KernelLibrary(tmp_path / "lib")
+    old = make_package(tmp_path / "old.zip", {"g/a": "2026-01-01T00:00:00", "g/b": "2026-01-01T00:00:00"})
+    first = library.install(old)
+    assert sorted(first.added) == ["g/a", "g/b"] and not first.already
+    index = check_library(library)
+    again = library.install(old)
+    assert again.already and again.added == [] and library.read_index() == index
+
+    new = make_package(tmp_path / "new.zip", {"g/a": "2026-02-01T00:00:00"})
+    result = library.install(new)
+    assert result.added == ["g/a"]
+    index = check_library(library)
+    assert index["kernels"]["g/a"]["package"] == result.package
+    assert index["kernels"]["g/b"]["package"] == first.package
+
+    older = make_package(tmp_path / "older.zip", {"g/a": "2025-12-01T00:00:00"})
+    assert library.install(older).kept == ["g/a"]
+    assert check_library(library)["kernels"]["g/a"]["package"] == result.package
+
+
+def test_remove_by_package_graph_or_all(tmp_path):
+    library = KernelLibrary(tmp_path / "lib")
+    one = library.install(make_package(tmp_path / "one.zip", {"g1/a": "2026-01-01", "g2/a": "2026-01-01"}))
+    library.install(make_package(tmp_path / "two.zip", {"g2/b": "2026-01-01", "g3/a": "2026-01-01"}))
+    assert library.remove(graph_key="g2") == ["g2/a", "g2/b"]
+    assert sorted(check_library(library)["kernels"]) == ["g1/a", "g3/a"]
+    assert library.remove(package=one.package[:5]) == ["g1/a"]
+    assert sorted(check_library(library)["kernels"]) == ["g3/a"]
+    with pytest.raises(ValueError, match="no graph key 'zz' in this library; known: g3"):
+        library.remove(graph_key="zz")
+    assert library.remove(everything=True) == ["g3/a"]
+    assert check_library(library) == {
+        "format": "airgraph-kernel-library",
+        "version": 1,
+        "kernels": {},
+        "packages": {},
+        "graphs": {},
+    }
+
+
+CRASH = """
+import os, sys
+import airgraph.kernels.library as library
+if sys.argv[3] == "before-rename":
+    library.replace_dir = lambda *args: os._exit(3)        # staged, not yet renamed into place
+else:
+    library.KernelLibrary._write = lambda *args: os._exit(3)  # renamed into place, index not yet written
+library.KernelLibrary(sys.argv[1]).install(sys.argv[2])
+"""
+
+
+@pytest.mark.parametrize("when", ["before-rename", "before-index"])
+def test_a_crash_mid_install_leaves_the_library_as_it_was(tmp_path, when):
+    library = KernelLibrary(tmp_path / "lib")
+    library.install(make_package(tmp_path / "base.zip", {"g/a": "2026-01-01"}))
+    before = library.read_index()
+    package = make_package(tmp_path / "next.zip", {"g/b": "2026-01-01", "g/c": "2026-01-01"})
+    done = run_python(CRASH, str(library.root), str(package), when)
+    assert done.returncode == 3, done.stderr
+    assert library.read_index() == before  # readers see the library as it was: nothing of the new package
+    leftovers = {p.name for p in (library.root / "packages").iterdir()} - {before["kernels"]["g/a"]["package"]}
+    assert leftovers  # the crash left a staging folder or an unindexed package folder behind...
+    result = library.install(package)  # ...which the next install removes, installing the package whole
+    assert sorted(result.added) == ["g/b", "g/c"]
+    assert sorted(check_library(library)["kernels"]) == ["g/a", "g/b", "g/c"]
+
+
+INSTALL = """
+import sys
+from airgraph.kernels.library import KernelLibrary
+sys.stdin.readline()  # start together
+print(KernelLibrary(sys.argv[1]).install(sys.argv[2]).added)
+"""
+
+
+def test_four_processes_installing_at_once_lose_nothing_and_tear_nothing(tmp_path):
+    import subprocess
+    import sys
+
+    library = KernelLibrary(tmp_path / "lib")
+    packages = [
+        make_package(
+            tmp_path / f"p{i}.zip",
+            {f"g{i}/a": "2026-01-01", f"g{i}/b": "2026-01-01", "shared/s": f"2026-01-0{i + 1}T00:00:00"},
+            size=1 << 18,
+        )
+        for i in range(4)
+    ]
+    newest = read_manifest(packages[3])["kernels"][2]["files"]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", INSTALL, str(library.root), str(p)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for p in packages
+    ]
+    problems: list[str] = []
+    stop = threading.Event()
+
+    def read_while_installing() -> None:  # a reader: every indexed file whole, or the index moved on
+        while not stop.is_set():
+            stamp, index = library.stamp(), library.read_index()
+            for kid, entry in index["kernels"].items():
+                for name, expected in entry["files"].items():
+                    try:
+                        ok = file_digest(library.folder(entry) / name) == expected["sha256"]
+                    except FileNotFoundError:
+                        ok = library.stamp() != stamp  # replaced by a newer build since it was read
+                    if not ok:
+                        problems.append(kid)
+
+    reader = threading.Thread(target=read_while_installing)
+    reader.start()
+    for proc in procs:
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+    outputs = [proc.communicate(timeout=120) for proc in procs]
+    stop.set()
+    reader.join()
+    assert [p.returncode for p in procs] == [0, 0, 0, 0], [err for _, err in outputs]
+    assert problems == []
+    index = check_library(library)
+    assert sorted(index["kernels"]) == sorted([f"g{i}/{s}" for i in range(4) for s in "ab"] + ["shared/s"])
+    assert index["kernels"]["shared/s"]["files"] == newest  # the newest build of the shared kernel won
+    assert len(index["packages"]) == 4
+    assert not list(library.root.glob("packages/.*"))  # no staging folder left
+
+
+def test_claims_make_one_builder_per_kernel(tmp_path):
+    library = KernelLibrary(tmp_path / "lib")
+    assert library.claim("g/a") == "claimed"
+    assert library.claim("g/a") == "claimed"  # this process holds it already
+    holder = run_python(
+        "import sys; from airgraph.kernels.library import KernelLibrary as L; print(L(sys.argv[1]).claim('g/b'))",
+        str(library.root),
+    )
+    assert holder.stdout.strip() == "claimed"
+    assert library.claim("g/b") == "claimed"  # its holder has exited: the claim is stale
+    library.release("g/a")
+    library.install(make_package(tmp_path / "p.zip", {"g/a": "2026-01-01"}))
+    assert library.claim("g/a") == "installed"
+    assert not library.held_by_other("g/b")
