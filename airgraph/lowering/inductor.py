@@ -19,7 +19,8 @@ from airgraph.lowering.request import LowerRequest
 
 def compile_inductor(request: LowerRequest) -> Callable[[list], Any]:
     """Compile one segment. ``request.options["inductor_config"]``: Inductor config patches (e.g. freezing,
-    max_autotune_gemm) chosen by the seam; ``request.donated``: inputs Inductor may overwrite (backward only)."""
+    max_autotune_gemm) chosen by the seam; ``request.options["cpp_wrapper"]``: a C++ wrapper instead of Python's
+    (Inductor's own option); ``request.donated``: inputs Inductor may overwrite (backward only)."""
     from torch._inductor import config as inductor_config
     from torch._inductor.compile_fx import compile_fx_inner
 
@@ -32,6 +33,7 @@ def compile_inductor(request: LowerRequest) -> Callable[[list], Any]:
             is_inference=kind == "inference",
             is_backward=kind == "backward",
             cudagraphs=False,
+            cpp_wrapper=bool(request.options.get("cpp_wrapper", False)),
         )
     compiled._boxed_call = True  # Inductor's compiled graphs take the boxed (list) calling convention
     return compiled
