@@ -1,0 +1,47 @@
+"""Operator and subgraph tuning with a persistent bank (seed 002: AOE's OPAT, SGAT and knowledge bank).
+
+    report = airgraph.tune(model, *example_inputs, mode="op")      # or mode="subgraph"
+    print(report)                                                   # what changed; report.path: the seed's JSON
+
+Later compiles, in any process, take the bank's choices through the seam (``chosen_by "tuning"``) without
+measuring anything. Or, as TorchAir does it: ``config.tuning.mode = "op"`` and the first run of each compiled
+graph tunes it, then it runs tuned.
+
+The package reads in the order the data flows:
+
+- candidates.py   what is tried (versioned sets), operators.py the tunable nodes and how a choice rewrites them,
+                  linear.py the ``airgraph::tuned_linear`` op (prepacked weights, Inductor's GEMM template);
+- measure.py      checking against the default's outputs, timing side by side through the device runtime;
+- tuner.py        a graph's first run: measure, choose, re-lower, commit; lowering.py applies choices when lowering;
+- keys.py, env.py, bank.py   what an entry is keyed by, for which device and versions, and the locked bank files;
+- source.py       the seam's tuning step (bank lookups); report.py the seed-format result files;
+- api.py          ``airgraph.tune``.
+
+``airgraph.tune`` is this package, callable: ``airgraph.tune(model, ...)`` calls :func:`airgraph.tune.api.tune`
+(a package attribute and a function cannot share the name otherwise: importing ``airgraph.tune.bank`` would
+replace the function by the package). Importing it imports no torch; calling it does.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from typing import Any
+
+__all__ = ["tune"]
+
+
+def tune(model: Any, *example_inputs: Any, **options: Any) -> Any:
+    """``airgraph.tune(model, *example_inputs, mode="op" | "subgraph", bank_dir=None, work_path=None, ops=None,
+    repeat=False, config=None) -> TuneReport``; see :func:`airgraph.tune.api.tune`."""
+    from airgraph.tune.api import tune as _tune
+
+    return _tune(model, *example_inputs, **options)
+
+
+class _CallableModule(types.ModuleType):
+    def __call__(self, model: Any, *example_inputs: Any, **options: Any) -> Any:
+        return tune(model, *example_inputs, **options)
+
+
+sys.modules[__name__].__class__ = _CallableModule
