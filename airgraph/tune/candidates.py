@@ -16,8 +16,9 @@ Operators (OPAT), per unit category (tune/operators.py), cheapest first, so a un
 - ``conv``: Format ``channels_last``.
 
 Segments (SGAT), end to end: kernel backend (aten, inductor) x Inductor options: freezing (inference graphs with
-parameters), max-autotune GEMMs (C++ template and ATen on the CPU, Triton and ATen on CUDA) with freezing,
-a C++ wrapper (CPU).
+parameters), with it the GEMM template alone (C++ on the CPU, Triton on CUDA: one choice, so a later compile has
+nothing to autotune) or max-autotune GEMMs (template and ATen: Inductor autotunes them when it compiles), a C++
+wrapper (CPU). Per-segment CUDA graphs are not among them: reduce-overhead captures whole graphs.
 """
 
 from __future__ import annotations
@@ -87,17 +88,26 @@ def subgraph_candidates(
 ) -> list[dict[str, Any]]:
     """The candidates of one segment (besides the default: ``backend``, the configured kernel backend).
     ``freezable``: the segment reads parameters it may freeze."""
-    gemm_backends = "TRITON,ATEN" if device.type == "cuda" else "CPP,ATEN"
+    template = "TRITON" if device.type == "cuda" else "CPP"
     found = [choice("Subgraph", name, backend=name) for name in ("aten", "inductor") if name != backend]
     if inference and freezable:
         found.append(choice("Subgraph", "inductor+freezing", backend="inductor", freeze=True))
         found.append(
             choice(
                 "Subgraph",
+                "inductor+freezing+gemm-template",
+                backend="inductor",
+                freeze=True,
+                inductor_config={"max_autotune_gemm": True, "max_autotune_gemm_backends": template},
+            )
+        )
+        found.append(
+            choice(
+                "Subgraph",
                 "inductor+freezing+max-autotune-gemm",
                 backend="inductor",
                 freeze=True,
-                inductor_config={"max_autotune_gemm": True, "max_autotune_gemm_backends": gemm_backends},
+                inductor_config={"max_autotune_gemm": True, "max_autotune_gemm_backends": f"{template},ATEN"},
             )
         )
     if device.type == "cpu":

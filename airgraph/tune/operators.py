@@ -123,8 +123,8 @@ def _unit(node: torch.fx.Node) -> OpUnit | None:
         return OpUnit(node, "matmul", "bmm", name, list(node.args), [node])
     if target in SDPA_OPS:
         args = _sdpa_args(node)
-        if args is None or any(u.target is not operator.getitem or u.args[1] != 0 for u in node.users):
-            return None
+        if args is None or any(u.target is not operator.getitem or (u.args[1] != 0 and u.users) for u in node.users):
+            return None  # only the attention output is used (not the logsumexp or the debug outputs)
         inputs = [n for n in node.all_input_nodes]
         return OpUnit(node, "attention", "sdpa", name, inputs, [node], current=SDPA_OPS[target])
     if target is aten.convolution.default and _is_tensor(node.args[0], 4) and not node.args[6]:
@@ -257,14 +257,15 @@ def apply_op_choices(gm: torch.fx.GraphModule, choices: dict[str, dict[str, Any]
     docstring). ``choices``: node name -> ``{"tune_mode", "name", "options"}`` as the bank stores them."""
     graph = torch.fx.Graph()
     env: dict[torch.fx.Node, torch.fx.Node] = {}
-    replaced: dict[torch.fx.Node, torch.fx.Node] = {}  # an attention node's getitem(0) -> the new output
+    replaced: dict[torch.fx.Node, torch.fx.Node | None] = {}  # an attention node's getitems -> the new output
     units = {u.node.name: u for u in find_units(gm)}
     unknown = set(choices) - set(units)
     if unknown:
         raise ValueError(f"tuning choices for nodes that are not tunable here: {', '.join(sorted(unknown))}")
     for node in gm.graph.nodes:
         if node in replaced:
-            env[node] = replaced[node]
+            if replaced[node] is not None:
+                env[node] = replaced[node]
         elif node.name in choices:
             unit = units[node.name]
             inputs, fn = _IMPLS[unit.category](node, choices[node.name])
@@ -277,7 +278,7 @@ def apply_op_choices(gm: torch.fx.GraphModule, choices: dict[str, dict[str, Any]
             _check_layout(out, expected, node)
             if unit.category == "attention":
                 for user in node.users:
-                    replaced[user] = out
+                    replaced[user] = out if user.args[1] == 0 else None  # the others are unused
             else:
                 env[node] = out
         else:

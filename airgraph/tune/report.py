@@ -60,6 +60,17 @@ def improvement(before: float, after: float) -> str:
     return f"{(before / after - 1) * 100:.2f}%" if after > 0 else "0.00%"
 
 
+def _times(before: float, after: float, unit: str, digits: int) -> dict[str, Any]:
+    """The seed's before/after fields, rounded, and the improvement of the rounded values (the file agrees with
+    itself)."""
+    before, after = round(before, digits), round(after, digits)
+    return {
+        f"performance_after_tune({unit})": after,
+        f"performance_before_tune({unit})": before,
+        "performance_improvement": improvement(before, after),
+    }
+
+
 @dataclass
 class Outcome:
     """One unit's result: what was chosen (or kept) and how it was counted."""
@@ -123,12 +134,7 @@ class TuneTask:
                 "op_name": o.name,
                 "op_type": o.op_type,
                 "tune_performance": {
-                    o.tune_mode: {
-                        "performance_after_tune(us)": round(o.after_us, 3),
-                        "performance_before_tune(us)": round(o.before_us, 3),
-                        "performance_improvement": improvement(o.before_us, o.after_us),
-                        "update_mode": o.status,
-                    }
+                    o.tune_mode: {**_times(o.before_us, o.after_us, "us", 3), "update_mode": o.status}
                 },
             }
             for o in self.outcomes
@@ -150,23 +156,18 @@ class TuneTask:
 
         def subgraphs(status: str) -> list[dict[str, Any]]:
             return [
-                {
-                    "performance_after_tune(ms)": round(o.after_us / 1e3, 6),
-                    "performance_before_tune(ms)": round(o.before_us / 1e3, 6),
-                    "performance_improvement": improvement(o.before_us, o.after_us),
-                    "repo_key": o.key,
-                }
+                {**_times(o.before_us / 1e3, o.after_us / 1e3, "ms", 6), "repo_key": o.key}
                 for o in self.outcomes
                 if o.status == status
             ]
 
-        before = self.model_before_ms or 0.0
-        after = self.model_after_ms if self.model_after_ms is not None else before
+        before = round(self.model_before_ms or 0.0, 6)
+        after = round(self.model_after_ms, 6) if self.model_after_ms is not None else before
         return {
             "SGAT": {
-                "model_baseline_performance(ms)": round(before, 6),
+                "model_baseline_performance(ms)": before,
                 "model_performance_improvement": improvement(before, after),
-                "model_result_performance(ms)": round(after, 6),
+                "model_result_performance(ms)": after,
                 "repo_modified_subgraphs": {
                     "add_repo_subgraphs": subgraphs("add"),
                     "update_repo_subgraphs": subgraphs("update"),
