@@ -220,14 +220,16 @@ class Tuner:
         values = _node_values(seg.gm, fresh_inputs(inputs, seg.written), {n for u in units for n in u.inputs})
         found = []
         for unit in units:
-            outcome = Outcome(unit.name, unit.op_type, "", "")
+            op_gm = op_graph(unit)
+            keys = op_key(op_gm, [n.meta.get("val") for n in unit.inputs], digest)
+            if keys is None:
+                continue
+            outcome = Outcome(unit.name, unit.op_type, keys[1], "")
+            if self._found(file.lookup(keys[1]), outcome, task, keys[0] in stale):
+                continue
+            item = _Tentative(seg, outcome, keys[0], None, 0.0, node=unit.node.name)
             try:
-                item = self._operator(graph, seg, unit, [values[n] for n in unit.inputs], outcome, task, digest)
-                if item is None:
-                    continue
-                base, key = item.base, item.outcome.key
-                if self._found(file.lookup(key), outcome, task, base in stale):
-                    continue
+                self._measure_operator(graph, unit, op_gm, [values[n] for n in unit.inputs], item, task)
                 found.append(item)
             except Exception as exc:
                 outcome.status, outcome.note = "failed", f"{type(exc).__name__}: {exc}"
@@ -235,19 +237,11 @@ class Tuner:
                 self.report.write()
         return found
 
-    def _operator(
-        self, graph: TunedGraph, seg: Segment, unit: OpUnit, op_inputs: list, outcome: Outcome, task: TuneTask, digest
-    ) -> _Tentative | None:
-        op_gm = op_graph(unit)
-        keys = op_key(op_gm, [n.meta.get("val") for n in unit.inputs], digest)
-        if keys is None:
-            return None
-        outcome.key = keys[1]
-        item = _Tentative(seg, outcome, keys[0], None, 0.0, node=unit.node.name)
-        file, _ = bank_file(self.bank, graph.request.device)
-        existing = file.lookup(keys[1])
-        if existing is not None and not self.config.tuning.repeat:
-            return item  # found: the caller counts it, nothing is measured
+    def _measure_operator(
+        self, graph: TunedGraph, unit: OpUnit, op_gm: torch.fx.GraphModule, op_inputs: list, item: _Tentative, task
+    ) -> None:
+        """Measure one operator's candidates against the node as it is, on its real inputs; sets ``item``."""
+        outcome = item.outcome
         default_fn = compile_aten(op_gm)
         reference = reference_outputs(default_fn, op_inputs, ())
         candidates = op_candidates(unit, graph.request.device, graph.request.kind == "inference")
@@ -268,7 +262,6 @@ class Tuner:
         outcome.before_us = timings["default"].median * 1e6
         outcome.after_us = timings[best[0]].median * 1e6 if best else outcome.before_us
         outcome.measured = {name: t.median * 1e6 for name, t in timings.items()}
-        return item
 
     # -- shared steps ------------------------------------------------------------------------------------
     def _found(self, entry: Entry | None, outcome: Outcome, task: TuneTask, stale: bool) -> bool:

@@ -173,3 +173,23 @@ def test_a_bank_folder_that_is_a_file_is_refused(tmp_path):
     (tmp_path / "bank").write_text("")
     with pytest.raises(StoreError, match="is a file; give a folder"):
         Bank(Path(tmp_path / "bank"))
+
+
+def test_a_commit_waits_for_the_lock_another_writer_holds(tmp_path):
+    import threading
+
+    from filelock import FileLock
+
+    bank = Bank(tmp_path).file_for(ENV, "d1")
+    other = FileLock(f"{bank.path}.lock")  # another process's lock object
+    other.acquire()
+    done = threading.Event()
+    writer = threading.Thread(target=lambda: (bank.commit(entry("k")), done.set()))
+    writer.start()
+    try:
+        assert not done.wait(0.5)  # the read-decide-append waits for the other writer
+        assert not bank.path.exists()
+    finally:
+        other.release()
+    writer.join(30)
+    assert done.is_set() and "k" in BankFile(bank.path).entries()
