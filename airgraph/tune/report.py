@@ -85,6 +85,7 @@ class Outcome:
     after_us: float = 0.0
     note: str = ""
     measured: dict[str, float] = field(default_factory=dict)  # candidate -> median us ("default" included)
+    seconds: float = 0.0  # spent compiling, checking and timing its candidates
 
 
 @dataclass

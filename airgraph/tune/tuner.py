@@ -13,8 +13,9 @@ The first call then:
    nothing measured, unless ``repeat``), else their candidates (tune/candidates.py) are compiled, checked against
    the default's outputs and timed side by side (tune/measure.py), within ``config.tuning.budget_s`` each;
 3. lowers the segments whose units found a faster choice with those choices (what a later compile gets from the
-   bank: ``chosen_by "tuning"``) and times the whole graph before and after, side by side: if the tuned graph is
-   not faster, the choices are dropped ("unsatisfied") and the graph keeps running as it was;
+   bank: ``chosen_by "tuning"``) and times the whole graph before and after, side by side: unless the tuned graph's
+   median is lower (and its rounds not measurably slower), the choices are dropped ("unsatisfied": a choice that
+   won alone but not in its graph, e.g. one that costs a fusion) and the graph keeps running as it was;
 4. commits each unit to the bank under its lock (tune/bank.py: add, update, reserved, unsatisfied) and writes the
    seed-format report (tune/report.py) after every unit.
 
@@ -144,6 +145,7 @@ class Tuner:
         file, digest = bank_file(self.bank, graph.request.device)
         stale = self.bank.stale_bases(file, VERSIONS) if self.bank.folder.is_dir() else set()
         tentative: list[_Tentative] = []
+        measured: dict[str, _Tentative] = {}  # operator key -> its measurement (equal operators are measured once)
         try:
             for seg in graph.segments:
                 if not _tunable(seg):
@@ -152,7 +154,7 @@ class Tuner:
                     found = self._segment(graph, seg, recorded[seg.id], task, file, digest, stale)
                     tentative += [found] if found is not None else []
                 else:
-                    tentative += self._operators(graph, seg, recorded[seg.id], task, file, digest, stale)
+                    tentative += self._operators(graph, seg, recorded[seg.id], task, file, digest, stale, measured)
             run = self._apply(graph, values, recorded, tentative, task, run)
             for item in tentative:
                 self._commit(item, file, task)
@@ -176,7 +178,7 @@ class Tuner:
         outcome = Outcome(f"graph {graph.report.id} segment {seg.id}", "segment", key, "")
         if self._found(file.lookup(key), outcome, task, base in stale):
             return None
-        request, config = graph.request, self.config
+        request, config, start = graph.request, self.config, time.perf_counter()
         default_impl = Impl(config.kernel_backend, "config")
         default_fn = seg.compiled if seg.impl == default_impl else self._compile(graph, seg, default_impl)
         reference = reference_outputs(default_fn, inputs, seg.written)
@@ -206,13 +208,22 @@ class Tuner:
         outcome.before_us = timings["default"].median * 1e6
         outcome.after_us = timings[best[0]].median * 1e6 if best else outcome.before_us
         outcome.measured = {name: t.median * 1e6 for name, t in timings.items()}
+        outcome.seconds = time.perf_counter() - start
         if best is not None:
             item.compiled, _, item.impl = fns[best[0]]
             item.impl = Impl(item.impl.backend, "tuning", item.impl.options, {"bank key": key})
         return item
 
     def _operators(
-        self, graph: TunedGraph, seg: Segment, inputs: list[Any], task: TuneTask, file: BankFile, digest: str, stale
+        self,
+        graph: TunedGraph,
+        seg: Segment,
+        inputs: list[Any],
+        task: TuneTask,
+        file: BankFile,
+        digest: str,
+        stale: set[str],
+        measured: dict[str, _Tentative],
     ) -> list[_Tentative]:
         units = [u for u in find_units(seg.gm) if u.matches(self.config.tuning.ops)]
         if not units:
@@ -228,8 +239,16 @@ class Tuner:
             if self._found(file.lookup(keys[1]), outcome, task, keys[0] in stale):
                 continue
             item = _Tentative(seg, outcome, keys[0], None, 0.0, node=unit.node.name)
+            if keys[1] in measured:  # the same operator at the same shapes, measured a moment ago
+                first = measured[keys[1]]
+                item.choice, item.spread = first.choice, first.spread
+                outcome.before_us, outcome.after_us = first.outcome.before_us, first.outcome.after_us
+                outcome.note = f"as {first.outcome.name}"
+                found.append(item)
+                continue
             try:
                 self._measure_operator(graph, unit, op_gm, [values[n] for n in unit.inputs], item, task)
+                measured[keys[1]] = item
                 found.append(item)
             except Exception as exc:
                 outcome.status, outcome.note = "failed", f"{type(exc).__name__}: {exc}"
@@ -241,7 +260,7 @@ class Tuner:
         self, graph: TunedGraph, unit: OpUnit, op_gm: torch.fx.GraphModule, op_inputs: list, item: _Tentative, task
     ) -> None:
         """Measure one operator's candidates against the node as it is, on its real inputs; sets ``item``."""
-        outcome = item.outcome
+        outcome, start = item.outcome, time.perf_counter()
         default_fn = compile_aten(op_gm)
         reference = reference_outputs(default_fn, op_inputs, ())
         candidates = op_candidates(unit, graph.request.device, graph.request.kind == "inference")
@@ -262,6 +281,7 @@ class Tuner:
         outcome.before_us = timings["default"].median * 1e6
         outcome.after_us = timings[best[0]].median * 1e6 if best else outcome.before_us
         outcome.measured = {name: t.median * 1e6 for name, t in timings.items()}
+        outcome.seconds = time.perf_counter() - start
 
     # -- shared steps ------------------------------------------------------------------------------------
     def _found(self, entry: Entry | None, outcome: Outcome, task: TuneTask, stale: bool) -> bool:
@@ -327,8 +347,9 @@ class Tuner:
         timings = time_side_by_side(runs, values, graph.runtime, written=graph.mutated)
         task.model_before_ms = timings["before"].median * 1e3
         task.model_after_ms = timings["after" if changed else "before"].median * 1e3
-        if changed and not beats(timings["after"], timings["before"]):
-            slower = timings["after"].median > timings["before"].median * (1 + max(timings["before"].spread, 0.03))
+        before, after = timings["before"], timings["after" if changed else "before"]
+        if changed and not (after.median < before.median and not beats(before, after)):
+            slower = beats(before, after)
             for seg in graph.segments:
                 seg.impl, seg.compiled = saved[seg.id]
             for item in tentative:
