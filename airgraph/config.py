@@ -396,7 +396,16 @@ class TuningConfig(OptionGroup):
     )
     budget_s = Option(
         6.0,
-        "Most seconds spent compiling and measuring the candidates of one operator or segment; the rest are skipped.",
+        "Most seconds spent compiling and measuring the candidates of one operator; the rest are skipped (an "
+        "Inductor compile starts only while half of it is left).",
+        types=float,
+        normalize=_seconds,
+        check=_positive_float,
+        allowed="a number of seconds > 0",
+    )
+    subgraph_budget_s = Option(
+        60.0,
+        "Most seconds spent compiling and measuring the candidates of one segment (each is a compile of it).",
         types=float,
         normalize=_seconds,
         check=_positive_float,

@@ -5,10 +5,12 @@ For each model of the set, in one process: airgraph untuned (the bank ignored), 
 max-autotune, and eager. Per-call latencies are measured in interleaved rounds (every variant once per round, so
 load from other processes hits all alike): medians and ratios. Also recorded:
 
-- tuning time of each mode vs torch.compile max-autotune's compile time (its autotuning included);
+- tuning time of each mode vs torch.compile max-autotune's compile time (its autotuning included), both with
+  Inductor's caches off (as on a fresh machine);
 - tuning cost per GEMM (operator mode: seconds spent on each GEMM unit);
 - a second tuning run on the same bank: what it measured (nothing: all hits) and how long it took;
-- compile time with the bank vs untuned (first call, Inductor's caches warm for both).
+- compile time with the bank vs untuned (first call, Inductor's caches on and warm for both: a segment compiled
+  with frozen weights is not in Inductor's FX graph cache, it compiles every time).
 
 Targets (issue #13, 2-core CPU): tuned/untuned <= 0.7 on the batch-8 MLP, <= 0.9 on tiny LLaMA decode, never above
 1.02; tuned faster or equal to max-autotune and less tuning time; <= 6 s per GEMM; a second run all hits and a
@@ -20,6 +22,8 @@ compile with the bank within 1.2x of an untuned compile.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import random
 import statistics
 import sys
 import tempfile
@@ -102,7 +106,8 @@ def first_call(fn: Callable, args: tuple) -> tuple[Any, float]:
 
 
 def per_call(variants: dict[str, Callable], args: tuple, rounds: int) -> dict[str, list[float]]:
-    """Seconds per call of each variant, interleaved: each round runs every variant once (about 20 ms each)."""
+    """Seconds per call of each variant, interleaved: each round runs every variant once (about 20 ms each), in a
+    new random order (no variant always follows the same one)."""
     calls = {}
     with torch.no_grad():
         for name, fn in variants.items():
@@ -110,8 +115,11 @@ def per_call(variants: dict[str, Callable], args: tuple, rounds: int) -> dict[st
             fn(*args)
             calls[name] = max(3, min(2000, int(0.02 / max(time.perf_counter() - start, 1e-6))))
         samples: dict[str, list[float]] = {name: [] for name in variants}
+        order = list(variants.items())
+        shuffle = random.Random(0).shuffle
         for _ in range(rounds):
-            for name, fn in variants.items():
+            shuffle(order)
+            for name, fn in order:
                 start = time.perf_counter()
                 for _ in range(calls[name]):
                     fn(*args)
@@ -119,7 +127,15 @@ def per_call(variants: dict[str, Callable], args: tuple, rounds: int) -> dict[st
     return samples
 
 
+def cold_caches() -> contextlib.AbstractContextManager:
+    """Inductor's caches off: tuning and max-autotune's compile timed as on a fresh machine."""
+    from torch._inductor import config as inductor_config
+
+    return inductor_config.patch(force_disable_caches=True)
+
+
 def bench_model(name: str, rounds: int, work: Path, budget: float) -> dict[str, Any]:
+    torch._dynamo.reset()  # Dynamo would mark dims dynamic after seeing one model at several shapes
     model, args = build(name)
     with torch.no_grad():
         expected = model(*args)
@@ -138,7 +154,8 @@ def bench_model(name: str, rounds: int, work: Path, budget: float) -> dict[str, 
         base = config_for(bank)
         base.tuning.budget_s = budget
         start = time.perf_counter()
-        report = airgraph.tune(model, *args, mode=mode, bank_dir=bank, work_path=work, config=base)
+        with cold_caches():
+            report = airgraph.tune(model, *args, mode=mode, bank_dir=bank, work_path=work, config=base)
         tuning_s = time.perf_counter() - start
         again_start = time.perf_counter()
         again = airgraph.tune(model, *args, mode=mode, bank_dir=bank, work_path=work, config=base)
@@ -154,6 +171,7 @@ def bench_model(name: str, rounds: int, work: Path, budget: float) -> dict[str, 
             "report": str(report.path),
             "counts": report.counts(),
             "stale": sum(t.stale for t in report.tasks),
+            "dynamic": sum(t.dynamic for t in report.tasks),
             "units": [
                 {
                     "name": o.name,
@@ -182,7 +200,8 @@ def bench_model(name: str, rounds: int, work: Path, budget: float) -> dict[str, 
 
     start = time.perf_counter()
     max_autotune = torch.compile(model, mode="max-autotune")
-    first_call(max_autotune, args)
+    with cold_caches():
+        first_call(max_autotune, args)
     result["max_autotune_compile_s"] = time.perf_counter() - start
     variants["torch.compile max-autotune"] = max_autotune
 

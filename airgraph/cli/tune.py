@@ -33,6 +33,9 @@ def add_parsers(sub: Any, docs: dict[str, str]) -> None:
     p.add_argument("--repeat", action="store_true", help=docs["tuning.repeat"])
     p.add_argument("--kernel-backend", default=None, help=docs["kernel_backend"])
     p.add_argument("--budget", type=float, default=None, metavar="SECONDS", help=docs["tuning.budget_s"])
+    p.add_argument(
+        "--subgraph-budget", type=float, default=None, metavar="SECONDS", help=docs["tuning.subgraph_budget_s"]
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     llama = p.add_argument_group("tiny-llama options")
     llama.add_argument("--preset", default="tiny", help="tiny, small, micro (default: %(default)s)")
@@ -58,6 +61,8 @@ def cmd_tune(args: argparse.Namespace, console: Console) -> int:
             config.kernel_backend = args.kernel_backend
         if args.budget is not None:
             config.tuning.budget_s = args.budget
+        if args.subgraph_budget is not None:
+            config.tuning.subgraph_budget_s = args.subgraph_budget
         if args.ops is not None:
             config.tuning.ops = args.ops
     except ValueError as exc:

@@ -145,8 +145,11 @@ class Budget:
     """Seconds left for one unit's candidates (compiling and measuring them)."""
 
     def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
         self.deadline = time.perf_counter() + seconds
 
-    @property
-    def spent(self) -> bool:
-        return time.perf_counter() > self.deadline
+    def allows(self, expensive: bool = False) -> bool:
+        """Whether a candidate may start: any while time is left, an expensive one (an Inductor compile, seconds)
+        only while half of it is."""
+        left = self.deadline - time.perf_counter()
+        return left > (self.seconds / 2 if expensive else 0)

@@ -144,21 +144,15 @@ def _channels_last(node: torch.fx.Node) -> bool:
 
 
 def find_units(gm: torch.fx.GraphModule) -> list[OpUnit]:
-    """The tunable nodes of a segment's graph, in graph order (static shapes only)."""
+    """The tunable nodes of a segment's graph, in graph order (with symbolic shapes too: their keys are None, as
+    tuning covers static shapes only, as AOE does)."""
     units = []
     for node in gm.graph.nodes:
         if node.op == "call_function":
             unit = _unit(node)
-            vals = [n.meta.get("val") for n in (unit.inputs if unit else [])]
-            if unit is not None and all(_static(v) for v in vals):
+            if unit is not None:
                 units.append(unit)
     return units
-
-
-def _static(val: Any) -> bool:
-    if not isinstance(val, torch.Tensor):
-        return True
-    return not any(isinstance(d, torch.SymInt) for d in (*val.shape, *val.stride()))
 
 
 def op_graph(unit: OpUnit) -> torch.fx.GraphModule:

@@ -100,6 +100,7 @@ class TuneTask:
     outcomes: list[Outcome] = field(default_factory=list)
     dropped: list[tuple[str, str, str]] = field(default_factory=list)  # (unit, candidate, reason)
     stale: int = 0
+    dynamic: int = 0  # units not tuned: their shapes are symbolic (a dynamic-shape graph)
     model_before_ms: float | None = None
     model_after_ms: float | None = None
     failed_section: bool = False  # SGAT: subgraph tuning failed (the seed then omits the section)
@@ -222,11 +223,13 @@ class TuneReport:
     def __str__(self) -> str:
         counts = self.counts()
         stale = sum(t.stale for t in self.tasks)
+        dynamic = sum(t.dynamic for t in self.tasks)
         kind = "operator (OPAT)" if self.mode == "op" else "subgraph (SGAT)"
         lines = [
             f"airgraph {kind} tuning: {len(self.tasks)} graph(s), {counts['total_num']} unit(s): "
             f"{counts['repo_add_num']} added, {counts['repo_update_num']} updated, {counts['repo_hit_num']} found "
             f"in the bank, {counts['repo_unsatisfied_num']} unsatisfied, {stale} stale"
+            + (f"; {dynamic} with symbolic shapes not tuned (compile with dynamic=False)" if dynamic else "")
         ]
         for task in self.tasks:
             if task.model_before_ms is not None and task.model_after_ms is not None:

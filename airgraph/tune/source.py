@@ -5,7 +5,8 @@
 
 - a subgraph entry for the segment -> its kernel backend and options (``chosen_by "tuning"``);
 - else operator entries for some of its nodes -> the configured kernel backend with those nodes' choices
-  (``options["op_choices"]``, applied when the segment is lowered: tune/lowering.py);
+  (``options["op_choices"]``, applied when the segment is lowered: tune/lowering.py), each only where tuning would
+  offer it (prepared weights: inference graphs only, a training step would prepare them again every step);
 - else None: the next step (the config) decides.
 
 ``source`` names the bank entries used (``{"bank key": ...}``), for reports and ``airgraph inspect``. A choice
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from airgraph.lowering.select import Impl
 from airgraph.tune.bank import TUNED, Bank, BankFile
-from airgraph.tune.candidates import VERSIONS
+from airgraph.tune.candidates import VERSIONS, op_candidates
 from airgraph.tune.env import env_digest, environment
 from airgraph.tune.keys import unit_base, unit_key
 from airgraph.tune.operators import find_units, op_graph
@@ -88,10 +89,12 @@ class BankSource:
     def _op_choices(self, segment: Segment, request: GraphRequest, file: BankFile, digest: str) -> Impl | None:
         choices: dict[str, Any] = {}
         used: list[str] = []
+        inference = request.kind == "inference"
         for unit in find_units(segment.gm):
             keys = op_key(op_graph(unit), [n.meta.get("val") for n in unit.inputs], digest)
             entry = file.lookup(keys[1]) if keys is not None else None
-            if entry is not None and entry.status == TUNED:
+            offered = {c["name"] for c in op_candidates(unit, request.device, inference)}
+            if entry is not None and entry.status == TUNED and entry.choice["name"] in offered:
                 choices[unit.node.name] = entry.choice
                 used.append(entry.key)
         if not choices:

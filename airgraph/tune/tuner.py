@@ -173,6 +173,7 @@ class Tuner:
     ) -> _Tentative | None:
         keys = segment_key(seg, digest)
         if keys is None:
+            task.dynamic += 1
             return None
         base, key = keys
         outcome = Outcome(f"graph {graph.report.id} segment {seg.id}", "segment", key, "")
@@ -188,7 +189,7 @@ class Tuner:
             request.device, config.kernel_backend, inference=inference, freezable=bool(frozen)
         )
         fns: dict[str, tuple[Any, dict, Impl]] = {}
-        budget = Budget(config.tuning.budget_s)
+        budget = Budget(config.tuning.subgraph_budget_s)
         self._emit("unit", name=outcome.name, candidates=len(candidates))
         for cand in candidates:
             impl = impl_for(cand, key, frozen)
@@ -234,6 +235,7 @@ class Tuner:
             op_gm = op_graph(unit)
             keys = op_key(op_gm, [n.meta.get("val") for n in unit.inputs], digest)
             if keys is None:
+                task.dynamic += 1
                 continue
             outcome = Outcome(unit.name, unit.op_type, keys[1], "")
             if self._found(file.lookup(keys[1]), outcome, task, keys[0] in stale):
@@ -301,7 +303,7 @@ class Tuner:
         return True
 
     def _try(self, task: TuneTask, unit: str, cand: dict, budget: Budget, compile_fn: Callable[[], Any]) -> Any:
-        if budget.spent:
+        if not budget.allows(expensive=cand["options"].get("impl") == "template"):
             task.dropped.append((unit, cand["name"], "time budget spent"))
             return None
         try:

@@ -92,7 +92,7 @@ def test_ops_selects_operators_by_type_or_name(tmp_path, model_and_input):
 def test_subgraph_tuning_adds_a_faster_backend_that_later_compiles_use(tmp_path, model_and_input):
     model, x = model_and_input
     # Inductor's C++ kernels dispatch no ATen ops: on the cost model it beats the aten backend every time.
-    config = tuning_config(tmp_path, "subgraph", kernel_backend="aten", **{"tuning.budget_s": 0.5})
+    config = tuning_config(tmp_path, "subgraph", kernel_backend="aten", **{"tuning.subgraph_budget_s": 0.5})
     backend, first, second, events = run_tuned(model, x, config, SimulatedCuda())
     with torch.no_grad():
         expected = model(x)
@@ -233,3 +233,21 @@ def test_a_frozen_segment_sees_weight_updates(model_and_input):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert_close(segment([x, w, b])[0], torch.nn.functional.linear(x, w, b))  # warned once
+
+
+def test_entries_of_another_torch_version_are_stale_and_never_used(tmp_path, monkeypatch, model_and_input):
+    import airgraph.tune.source as source
+
+    model, x = model_and_input
+    config = tuning_config(tmp_path, "op", kernel_backend="aten", **{"tuning.budget_s": 0.05})
+    current = source.environment
+    monkeypatch.setattr(source, "environment", lambda device: {**current(device), "torch": "2.11.0"})
+    run_tuned(model, x, config, SimulatedCuda())  # the bank now holds the units, for torch "2.11.0"
+    monkeypatch.setattr(source, "environment", current)
+    torch._dynamo.reset()
+    backend, _, _, events = run_tuned(model, x, config, SimulatedCuda())
+    (task,) = backend.tuner.report.tasks
+    assert task.stale == 2 and "2 stale" in str(backend.tuner.report)
+    assert [o.status for o in task.outcomes] == ["unsatisfied", "unsatisfied"]  # measured again, here
+    assert [e for e in events if e[0] == "unit"]
+    assert len(list((tmp_path / "bank").glob("*.jsonl"))) == 2  # one file per environment
