@@ -404,7 +404,7 @@ class TuningConfig(OptionGroup):
         allowed="a number of seconds > 0",
     )
     subgraph_budget_s = Option(
-        60.0,
+        30.0,
         "Most seconds spent compiling and measuring the candidates of one segment (each is a compile of it).",
         types=float,
         normalize=_seconds,

@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import random
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -106,32 +107,43 @@ def first_call(fn: Callable, args: tuple) -> tuple[Any, float]:
 
 
 def per_call(variants: dict[str, Callable], args: tuple, rounds: int) -> dict[str, list[float]]:
-    """Seconds per call of each variant, interleaved: each round runs every variant once (about 20 ms each), in a
-    new random order (no variant always follows the same one)."""
+    """Seconds of each call of each variant, interleaved: each round runs every variant for about 20 ms, in a new
+    random order. Each call is timed on its own: on a shared machine a call the scheduler preempts takes a time
+    slice longer (4 to 9 ms here), so medians of single calls are what compares, not means of batches."""
     calls = {}
     with torch.no_grad():
         for name, fn in variants.items():
             start = time.perf_counter()
             fn(*args)
-            calls[name] = max(3, min(2000, int(0.02 / max(time.perf_counter() - start, 1e-6))))
+            calls[name] = max(3, min(500, int(0.02 / max(time.perf_counter() - start, 1e-6))))
         samples: dict[str, list[float]] = {name: [] for name in variants}
         order = list(variants.items())
         shuffle = random.Random(0).shuffle
         for _ in range(rounds):
             shuffle(order)
             for name, fn in order:
-                start = time.perf_counter()
                 for _ in range(calls[name]):
+                    start = time.perf_counter()
                     fn(*args)
-                samples[name].append((time.perf_counter() - start) / calls[name])
+                    samples[name].append(time.perf_counter() - start)
     return samples
 
 
-def cold_caches() -> contextlib.AbstractContextManager:
-    """Inductor's caches off: tuning and max-autotune's compile timed as on a fresh machine."""
-    from torch._inductor import config as inductor_config
-
-    return inductor_config.patch(force_disable_caches=True)
+@contextlib.contextmanager
+def cold_caches() -> Iterator[None]:
+    """Inductor's caches empty (a new cache folder): tuning and max-autotune's compile timed as on a fresh machine.
+    (Not ``force_disable_caches``: that also changes the graphs AOTAutograd hands over, so a bank tuned under it
+    would not match a later compile.)"""
+    saved = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    with tempfile.TemporaryDirectory(prefix="inductor-cold-") as folder:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = folder
+        try:
+            yield
+        finally:
+            if saved is None:
+                del os.environ["TORCHINDUCTOR_CACHE_DIR"]
+            else:
+                os.environ["TORCHINDUCTOR_CACHE_DIR"] = saved
 
 
 def bench_model(name: str, rounds: int, work: Path, budget: float) -> dict[str, Any]:

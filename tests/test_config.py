@@ -133,7 +133,7 @@ def test_tuning_options_their_aliases_and_environment(monkeypatch):
         "repeat": False,
         "use_bank": True,
         "budget_s": 6.0,
-        "subgraph_budget_s": 60.0,
+        "subgraph_budget_s": 30.0,
     }
     config.tuning.mode = "2"  # AOE's operator tuning
     assert config.tuning.mode == "op"

@@ -101,6 +101,9 @@ def subgraph_candidates(
                 inductor_config={"max_autotune_gemm": True, "max_autotune_gemm_backends": template},
             )
         )
+    if device.type == "cpu":
+        found.append(choice("Subgraph", "inductor+cpp-wrapper", backend="inductor", cpp_wrapper=True))
+    if inference and freezable:  # last: Inductor benchmarks each GEMM's choices while compiling it
         found.append(
             choice(
                 "Subgraph",
@@ -110,6 +113,4 @@ def subgraph_candidates(
                 inductor_config={"max_autotune_gemm": True, "max_autotune_gemm_backends": f"{template},ATEN"},
             )
         )
-    if device.type == "cpu":
-        found.append(choice("Subgraph", "inductor+cpp-wrapper", backend="inductor", cpp_wrapper=True))
     return found

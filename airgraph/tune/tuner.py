@@ -261,9 +261,12 @@ class Tuner:
     def _measure_operator(
         self, graph: TunedGraph, unit: OpUnit, op_gm: torch.fx.GraphModule, op_inputs: list, item: _Tentative, task
     ) -> None:
-        """Measure one operator's candidates against the node as it is, on its real inputs; sets ``item``."""
+        """Measure one operator's candidates against the node as the graph runs it (lowered alone by its segment's
+        kernel backend: Inductor may not call ATen for it), on its real inputs; sets ``item``. The candidates run
+        as direct ATen calls: each is one call (a prepared-weight GEMM, a kernel), or a few ATen ops that a fusing
+        backend could only make faster (the whole graph's check keeps what does not pay off in it)."""
         outcome, start = item.outcome, time.perf_counter()
-        default_fn = compile_aten(op_gm)
+        default_fn = self._lower_alone(item.segment, op_gm)
         reference = reference_outputs(default_fn, op_inputs, ())
         candidates = op_candidates(unit, graph.request.device, graph.request.kind == "inference")
         fns: dict[str, tuple[Any, dict]] = {}
@@ -317,6 +320,25 @@ class Tuner:
         if reason is not None:
             task.dropped.append((unit, cand["name"], reason))
         return reason is None
+
+    def _lower_alone(self, seg: Segment, op_gm: torch.fx.GraphModule) -> Callable[[list], Any]:
+        """``op_gm`` lowered as the segment holding it lowers its nodes (its kernel backend and Inductor options)."""
+        impl = seg.impl
+        if impl.backend != "inductor":
+            return compile_aten(op_gm)
+        options = {k: v for k, v in impl.options.items() if k in ("inductor_config", "cpp_wrapper")}
+        inputs = [n.meta.get("val") for n in op_gm.graph.find_nodes(op="placeholder")]
+        request = LowerRequest(
+            gm=op_gm,
+            example_inputs=inputs,
+            kind="inference",
+            device=_device_of(inputs),
+            config=self.config,
+            shape_key=shape_key(inputs),
+            options=options,
+        )
+        with compiling(inputs):
+            return backends.get("inductor")(request)
 
     def _compile(self, graph: TunedGraph, seg: Segment, impl: Impl) -> Callable[[list], Any]:
         inputs = graph.layouts.inputs(seg.inputs)
@@ -456,6 +478,10 @@ def _run_sequentially(graph: TunedGraph, values: list[Any]) -> tuple[list[Any], 
         env.update(zip(seg.outputs, seg.compiled(list(inputs)), strict=True))
     outputs = graph.gm.graph.find_nodes(op="output")[0].args[0]
     return [env[o] if isinstance(o, torch.fx.Node) else o for o in outputs], recorded
+
+
+def _device_of(values: list[Any]) -> torch.device:
+    return next((v.device for v in values if isinstance(v, torch.Tensor)), torch.device("cpu"))
 
 
 def _tunable(seg: Segment) -> bool:
