@@ -9,6 +9,7 @@ load from other processes hits all alike): medians and ratios. Also recorded:
   Inductor's caches off (as on a fresh machine);
 - tuning cost per GEMM (operator mode: seconds spent on each GEMM unit);
 - a second tuning run on the same bank: what it measured (nothing: all hits) and how long it took;
+- the noise floor: the untuned graph compiled twice, measured as two variants (identical code);
 - compile time with the bank vs untuned (first call, Inductor's caches on and warm for both: a segment compiled
   with frozen weights is not in Inductor's FX graph cache, it compiles every time).
 
@@ -156,10 +157,12 @@ def bench_model(name: str, rounds: int, work: Path, budget: float) -> dict[str, 
     compile_s: dict[str, float] = {}
 
     # untuned: compiled twice, the second with Inductor's caches warm (what the bank compile is compared with)
+    copies = []
     for _ in range(2):  # Dynamo compiles again for a new backend object
-        untuned = torch.compile(model, backend=AirgraphBackend(config_for(None)))
-        _, compile_s["airgraph untuned"] = first_call(untuned, args)
-    variants["airgraph untuned"] = untuned
+        copies.append(torch.compile(model, backend=AirgraphBackend(config_for(None))))
+        _, compile_s["airgraph untuned"] = first_call(copies[-1], args)
+    # Two compiles of one graph, measured side by side: how far apart identical code measures here (noise floor).
+    variants["airgraph untuned"], variants["airgraph untuned, 2nd compile"] = copies
 
     for mode in ("op", "subgraph"):
         bank = work / f"bank-{name}-{mode}"
@@ -232,6 +235,7 @@ def bench_model(name: str, rounds: int, work: Path, budget: float) -> dict[str, 
         "best tuned / untuned": best / untuned_us,
         "best tuned / max-autotune": best / median["torch.compile max-autotune"],
         "untuned / eager": untuned_us / median["eager"],
+        "noise floor: untuned 2nd compile / untuned": median["airgraph untuned, 2nd compile"] / untuned_us,
     }
     result["compile_s"] = compile_s
     result["compile_ratio_with_bank"] = {

@@ -28,7 +28,7 @@ def compile_inductor(request: LowerRequest) -> Callable[[list], Any]:
     patches = {**request.options.get("inductor_config", {}), "triton.cudagraphs": False}
     with inductor_config.patch(patches), _donating(request.donated if kind == "backward" else None):
         compiled = compile_fx_inner(
-            request.gm,
+            _copy(request.gm),
             request.example_inputs,
             is_inference=kind == "inference",
             is_backward=kind == "backward",
@@ -37,6 +37,17 @@ def compile_inductor(request: LowerRequest) -> Callable[[list], Any]:
         )
     compiled._boxed_call = True  # Inductor's compiled graphs take the boxed (list) calling convention
     return compiled
+
+
+def _copy(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A copy of the segment's graph for Inductor, whose passes rewrite the graph they are given in place: the
+    segment's own graph stays as traced (the tuning bank and the kernel library key segments by it, after
+    lowering too). Nodes and their meta dicts are copied; the values in them are shared, not copied."""
+    graph = torch.fx.Graph()
+    env: dict[torch.fx.Node, torch.fx.Node] = {}
+    for node in gm.graph.nodes:
+        env[node] = graph.node_copy(node, env.__getitem__)
+    return torch.fx.GraphModule(gm, graph, class_name=type(gm).__name__)
 
 
 @contextlib.contextmanager

@@ -13,6 +13,7 @@ import torch
 
 import airgraph
 from airgraph.backend import AirgraphBackend
+from airgraph.models import build_tiny_llama, decode_inputs
 from airgraph.runtime.simulated import SimulatedCuda
 from airgraph.tune.bank import TUNED, BankFile
 from tests.helpers import assert_close, make_config
@@ -251,3 +252,38 @@ def test_entries_of_another_torch_version_are_stale_and_never_used(tmp_path, mon
     assert [o.status for o in task.outcomes] == ["unsatisfied", "unsatisfied"]  # measured again, here
     assert [e for e in events if e[0] == "unit"]
     assert len(list((tmp_path / "bank").glob("*.jsonl"))) == 2  # one file per environment
+
+
+@pytest.mark.slow
+def test_lowering_keeps_the_segment_graph_its_keys_come_from():
+    """Inductor may rewrite the graph it compiles in place (its C++ wrapper does): lowering hands it a copy, so a
+    segment keys the same before it is lowered (the seam's lookup) and after (the tuner, on the first run)."""
+    from airgraph.lowering.backends import get
+    from airgraph.lowering.keys import canonical_text
+    from airgraph.lowering.request import LowerRequest
+    from airgraph.tune.lowering import compiling
+    from airgraph.tune.operators import find_units
+
+    model = build_tiny_llama("micro")
+    tokens, pos = decode_inputs(model.config, 1, 3)
+    state = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+
+    def step(state, tokens, pos):
+        return torch.func.functional_call(model, state, (tokens, pos))
+
+    from torch._inductor.decomposition import select_decomp_table
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    with torch.no_grad():
+        trace = make_fx(lambda *a: (step(*a),), tracing_mode="fake", decomposition_table=select_decomp_table())
+        gm = trace({k: v.clone() for k, v in state.items()}, tokens, pos)
+        expected = model(tokens, pos)
+    before = canonical_text(gm)
+    inputs = [n.meta["val"] for n in gm.graph.find_nodes(op="placeholder")]
+    request = LowerRequest(gm, inputs, "inference", torch.device("cpu"), make_config(), options={"cpp_wrapper": True})
+    with compiling(inputs):
+        compiled = get("inductor")(request)
+    assert canonical_text(gm) == before and find_units(gm)
+    real = [v.detach().clone() for v in state.values()]
+    with torch.no_grad():
+        assert_close(compiled([*real, tokens, pos])[0], expected)
