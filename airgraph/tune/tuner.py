@@ -275,7 +275,7 @@ class Tuner:
         for cand in candidates:
             compile_one = lambda c=cand: compile_aten(apply_op_choices(op_gm, {unit.node.name: c}))  # noqa: E731
             fn = self._try(task, unit.name, cand, budget, compile_one)
-            if fn is not None and self._checked(task, unit.name, cand, fn, op_inputs, (), reference):
+            if fn is not None and self._checked(task, unit.name, cand, fn, op_inputs, (), reference, strides=False):
                 fns[cand["name"]] = (fn, cand)
             self._emit("candidate", name=cand["name"])
         timings = time_side_by_side(
@@ -315,8 +315,10 @@ class Tuner:
             task.dropped.append((unit, cand["name"], f"failed to compile: {type(exc).__name__}: {str(exc)[:160]}"))
             return None
 
-    def _checked(self, task: TuneTask, unit: str, cand: dict, fn: Any, inputs: list, written, reference) -> bool:
-        reason = check(fn, inputs, written, reference)
+    def _checked(
+        self, task: TuneTask, unit: str, cand: dict, fn: Any, inputs: list, written, reference, strides: bool = True
+    ) -> bool:
+        reason = check(fn, inputs, written, reference, strides=strides)
         if reason is not None:
             task.dropped.append((unit, cand["name"], reason))
         return reason is None
