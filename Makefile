@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.airgraph-installed
 
-.PHONY: setup demo test test-cuda lint bench clean
+.PHONY: setup demo test test-fast test-cuda lint bench clean
 
 setup: $(STAMP)
 
@@ -27,6 +27,9 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow"
 
 test-cuda: $(STAMP)
 	$(PY) -m pytest -q -m cuda

@@ -69,7 +69,14 @@ def dynamo_export(
     A wrapper rather than a lazy name: importing the exporter imports onnx and onnxscript (the optional
     ``export`` extra), so ``from airgraph import dynamo_export`` (TorchAir's compat module does it) must not.
     """
-    from airgraph.export.exporter import dynamo_export as _dynamo_export
+    try:
+        from airgraph.export.exporter import dynamo_export as _dynamo_export
+    except ModuleNotFoundError as exc:
+        if exc.name and exc.name.split(".")[0] in ("onnx", "onnxscript", "onnx_ir", "onnxruntime"):
+            raise ModuleNotFoundError(
+                f"airgraph.dynamo_export needs the {exc.name!r} package: pip install 'airgraph[export]'", name=exc.name
+            ) from exc
+        raise
 
     return _dynamo_export(
         *args, model=model, export_path=export_path, export_name=export_name, dynamic=dynamic, config=config, **kwargs

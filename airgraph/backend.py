@@ -103,12 +103,16 @@ class AirgraphBackend:
         compile_as = functools.partial(self.compile_graph, dynamo_graph=dynamo_graph)
         if self.config.kernel_backend == "inductor":
             from torch._functorch.partitioners import min_cut_rematerialization_partition
+            from torch._inductor import config as inductor_config
             from torch._inductor.decomposition import select_decomp_table
 
             # Some of Inductor's decompositions ask its lowering module whether to decompose (max_pool2d with
             # indices): imported by Inductor itself before it traces, so here too.
             importlib.import_module("torch._inductor.lowering")
-            decompositions = select_decomp_table()
+            # Random ops stay ATen's (lowering/inductor.py: fallback_random): the table without Inductor's
+            # "fast random" decompositions, which draw other numbers than eager.
+            with inductor_config.patch(fallback_random=True):
+                decompositions = select_decomp_table()
             partition_fn = functools.partial(min_cut_rematerialization_partition, compiler="inductor")
         else:
             from torch._functorch.partitioners import default_partition
@@ -166,7 +170,7 @@ class AirgraphBackend:
                 device_fn = self.tuner.wrap(
                     device_fn, program.device_gm, program.device_segments, request, None, report, runtime
                 )
-            run = split = HostSplit(program, device_fn)
+            run = split = HostSplit(program, device_fn, runtime)
             input_views = views_of_inputs(program.device_gm)
         else:
             # 3. partition

@@ -20,7 +20,7 @@ import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["CompilerConfig", "Option", "OptionGroup", "torchair_tuning_environment"]
+__all__ = ["CompilerConfig", "Option", "OptionGroup", "torch_cuda_caching_disabled", "torchair_tuning_environment"]
 
 
 class Option:
@@ -105,6 +105,13 @@ class Option:
                 value = int(raw)
             return value
         return copy.deepcopy(self.default)
+
+
+def torch_cuda_caching_disabled() -> bool:
+    """Whether ``PYTORCH_NO_CUDA_MEMORY_CACHING`` (PyTorch's own variable, read here as every variable is) bypasses
+    PyTorch's CUDA caching allocator, which CUDA graph capture needs: set to anything but 0/false/no/off."""
+    value = os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING", "").strip().lower()
+    return value not in ("", "0", "false", "no", "off")
 
 
 def _kernel_backends() -> tuple[str, ...]:

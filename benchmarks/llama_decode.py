@@ -5,7 +5,7 @@ latency <= 1.0 (aim 0.9); eager / airgraph reduce-overhead >= 3x; host cost of o
 
     python benchmarks/llama_decode.py [--preset tiny] [--steps 200] [--output PATH]
 
-The latency table comes from airgraph.bench.run_bench (all modes side by side in one process). The host
+The latency table comes from airgraph.bench.decode.run_bench (all modes side by side in one process). The host
 cost is the wall time of issuing one airgraph reduce-overhead decode call without synchronizing (Dynamo
 guards, AOTAutograd's wrapper, input copies, the replay launch and the output copy), over a burst short
 enough that the GPU never makes the host wait.

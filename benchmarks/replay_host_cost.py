@@ -47,7 +47,7 @@ class NullReplay(SimulatedCuda):
     def capture(self, fn: Any, args: list, *, pool: Any, stream: Any, device: Any) -> tuple:
         return _NullGraph(), fn(list(args))
 
-    def copy_(self, dst: torch.Tensor, src: torch.Tensor) -> None:  # CUDA's: no race checks
+    def copy_(self, dst: torch.Tensor, src: torch.Tensor, *, non_blocking: bool = False) -> None:  # no race checks
         dst.copy_(src)
 
     def reading(self, values: Any) -> None:

@@ -41,6 +41,7 @@ def _bench(tmp_path: Path, capsys: pytest.CaptureFixture, *extra: str) -> tuple[
     return code, json.loads(out.read_text()), text
 
 
+@pytest.mark.slow
 def test_bench_writes_json_with_every_mode(tmp_path, capsys):
     code, result, text = _bench(tmp_path, capsys, "--modes", FAST_MODES)
     assert code == 0
@@ -123,6 +124,7 @@ def test_bench_cuda_reduce_overhead_captures(tmp_path, capsys):
     assert result["results"][2]["ok"]
 
 
+@pytest.mark.slow
 def test_demo_writes_report_and_notes_cpu(tmp_path, capsys, monkeypatch):
     fast = {"preset": "micro", "steps": 3, "warmup": 1, "kernel_backend": "aten", "modes": FAST_MODES}
     monkeypatch.setattr(cli_bench, "DEMO_SETTINGS", {**cli_bench.DEMO_SETTINGS, **fast})
@@ -136,6 +138,7 @@ def test_demo_writes_report_and_notes_cpu(tmp_path, capsys, monkeypatch):
     assert len(result["results"]) == 3 and all(r["ok"] for r in result["results"])
 
 
+@pytest.mark.slow
 def test_demo_exits_1_when_outputs_differ(tmp_path, capsys, monkeypatch):
     fast = {"preset": "micro", "steps": 2, "warmup": 0, "kernel_backend": "aten", "modes": "eager,max-autotune"}
     monkeypatch.setattr(cli_bench, "DEMO_SETTINGS", {**cli_bench.DEMO_SETTINGS, **fast})
@@ -270,6 +273,7 @@ def test_python_dash_m_help_imports_no_torch():
     assert not {name for name in imported if name.split(".")[0] in ("torch", "onnx", "onnxruntime", "numpy")}
 
 
+@pytest.mark.slow
 def test_bench_two_branch_model(tmp_path, capsys):
     out = tmp_path / "streams.json"
     code = cli.main(
@@ -283,6 +287,7 @@ def test_bench_two_branch_model(tmp_path, capsys):
     assert "two-branch model" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="plans for CUDA only where there is no GPU")
 def test_inspect_plans_for_cuda_without_a_gpu(tmp_path, capsys):
     out = tmp_path / "plan.json"

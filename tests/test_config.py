@@ -183,3 +183,17 @@ def test_the_seeds_environment_for_the_torchair_backend(monkeypatch):
         "work_path": "/tmp/work",
         "repeat": False,
     }
+
+
+def test_the_kernel_backend_registry_is_the_one_list_of_allowed_values(monkeypatch):
+    from airgraph.lowering import backends
+
+    monkeypatch.setitem(backends.KERNEL_BACKENDS, "mine", backends._Entry(lambda request: None, True, "a test's"))
+    config = CompilerConfig()
+    config.kernel_backend = "mine"  # registered: allowed
+    assert "'mine'" in config.describe()["kernel_backend"]
+    with pytest.raises(ValueError, match="invalid value 'interpreter'"):  # registered, but chosen only by the seam
+        config.kernel_backend = "interpreter"
+    monkeypatch.delitem(backends.KERNEL_BACKENDS, "mine")
+    with pytest.raises(ValueError, match=r"invalid value 'mine'.*allowed values: 'inductor', 'aten'"):
+        config.kernel_backend = "mine"

@@ -90,3 +90,29 @@ def test_explain_reduce_overhead_on_cpu_is_uncaptured():
     graph = report.graphs[0].to_dict()
     assert graph["mode"] == "reduce-overhead" and graph["captured"] is False
     assert "cpu" in graph["uncaptured_reason"]
+
+
+def test_printing_a_report_gives_a_short_summary():
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)).eval()
+    with torch.no_grad():
+        report = airgraph.explain(model, torch.randn(3, 4), config=make_config(kernel_backend="aten"))
+    text = str(report)
+    assert text.splitlines()[0] == "airgraph report: 1 ATen graph(s) from 1 Dynamo graph(s), 0 graph break(s)"
+    graph = report.graphs[0]
+    assert f"graph {graph.id} (inference, cpu, max-autotune)" in text and "[aten/config]" in text
+    assert len(text) < 400 and len(repr(report)) < 200 and len(repr(graph)) < 300
+
+
+def test_inspect_tables_are_not_cut_when_redirected(tmp_path, capsys):
+    from airgraph.cli import main
+
+    script = tmp_path / "example.py"
+    script.write_text(
+        "import torch\n"
+        "def airgraph_example():\n"
+        "    return (lambda x: torch.nn.functional.gelu(torch.sin(x) * 2)), (torch.randn(4),)\n"
+    )
+    assert main(["inspect", str(script), "--kernel-backend", "aten"]) == 0
+    out = capsys.readouterr().out  # not a terminal: rich would cut at 80 columns
+    assert max(len(line) for line in out.splitlines()) > 80
+    assert "aten.gelu.default" in out

@@ -65,6 +65,7 @@ def _append_many(path: str, worker: int, count: int) -> None:
             store.append_line(path, json.dumps({"worker": worker, "i": i}))
 
 
+@pytest.mark.slow
 def test_four_processes_under_the_lock_lose_nothing(tmp_path):
     path = str(tmp_path / "records.jsonl")
     context = multiprocessing.get_context("spawn")

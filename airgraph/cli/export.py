@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 
 __all__ = ["EXPORT_DTYPES", "add_parsers", "cmd_export", "parse_input_spec"]
 
+# The packages of the `export` extra (pyproject.toml) that exporting imports.
+EXPORT_EXTRA_MODULES = frozenset({"onnx", "onnxscript", "onnxruntime", "onnx_ir"})
 EXPORT_DTYPES = ("float32", "float64", "float16", "bfloat16", "int64", "int32", "int8", "uint8", "bool")
 
 
@@ -189,16 +191,19 @@ def _size(n: int) -> str:
 
 
 def cmd_export(args: argparse.Namespace, console: Console) -> int:
-    from airgraph.export import ExportError, ExportLayout, ExportPathError, export_model
+    from airgraph.export.errors import ExportError, ExportPathError
+    from airgraph.export.layout import ExportLayout
 
     config = CompilerConfig()
-    try:
+    try:  # paths and options first: refused before any import of torch or onnx, or any tracing
         if args.external_weights_threshold is not None:
             config.export.external_weights_threshold = args.external_weights_threshold
         config.export.experimental.enable_record_nn_module_stack = args.record_module_stack
         layout = ExportLayout(Path(args.export_path), args.export_name)
+        layout.check_targets()
     except (ValueError, ExportPathError) as exc:
         raise CliError(str(exc)) from None
+    export_model = _exporter()
     model, fargs, fkwargs, what = _export_target(args)
     status = make_console(stderr=True).status(f"exporting {what}")
     try:
@@ -210,6 +215,20 @@ def cmd_export(args: argparse.Namespace, console: Console) -> int:
         raise CliError(str(exc), code=1) from None
     _print_export(result, what, console)
     return 0
+
+
+def _exporter() -> Any:
+    """``export_model``, or a usage error naming the extra to install when the exporter's packages are missing."""
+    try:
+        from airgraph.export.exporter import export_model
+    except ModuleNotFoundError as exc:
+        if exc.name and exc.name.split(".")[0] in EXPORT_EXTRA_MODULES:
+            raise CliError(
+                f"airgraph export needs the {exc.name!r} package: install the export extra, "
+                "pip install 'airgraph[export]'"
+            ) from None
+        raise
+    return export_model
 
 
 def _print_export(result: Any, what: str, console: Console) -> None:

@@ -26,8 +26,8 @@ import numpy as np
 import torch
 from onnxscript import ir
 
-from airgraph.export.capture import call_quietly, conversion_error
 from airgraph.export.errors import ExportError
+from airgraph.export.trace import call_quietly, conversion_error
 from airgraph.export.views import contiguous_view_inputs
 from airgraph.passes.base import PassResult
 

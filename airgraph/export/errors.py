@@ -8,7 +8,7 @@ __all__ = ["ExportError", "ExportPathError"]
 class ExportError(RuntimeError):
     """The model cannot be exported as one ONNX graph.
 
-    ``kind`` says why, one of:
+    ``reason`` says why, one of:
 
     - ``"graph break"``: Dynamo could not capture the model as one graph (unsupported Python, an explicit
       ``torch._dynamo.graph_break()``, a call Dynamo cannot trace);
@@ -22,14 +22,14 @@ class ExportError(RuntimeError):
     this, and the torch exception is chained as ``__cause__``.
     """
 
-    def __init__(self, kind: str, detail: str, *, source: str | None = None, op: str | None = None) -> None:
-        self.kind = kind
+    def __init__(self, reason: str, detail: str, *, source: str | None = None, op: str | None = None) -> None:
+        self.reason = reason
         self.detail = detail
         self.source = source
         self.op = op
         where = f" at {source}" if source else ""
         what = f" {op}" if op else ""
-        super().__init__(f"dynamo_export: {kind}{what}{where}: {detail}")
+        super().__init__(f"dynamo_export: {reason}{what}{where}: {detail}")
 
 
 class ExportPathError(ExportError, ValueError):

@@ -1,7 +1,7 @@
 """``dynamo_export``: capture a model through Dynamo as one graph and write an ONNX export.
 
 Pipeline (each step its own module): layout checks (``layout.py``) -> Dynamo capture with
-``torch.export.export(strict=True)`` (``capture.py``) -> eager reference run -> ONNX conversion with
+``torch.export.export(strict=True)`` (``trace.py``) -> eager reference run -> ONNX conversion with
 torch's exporter and onnxscript's optimizer (``convert.py``) -> model and weight files (``weights.py``),
 ``dynamo.pbtxt`` (``pbtxt.py``), reference arrays and ``export.json``, staged and committed atomically.
 
@@ -45,13 +45,20 @@ not change the model.
 Multi-rank: every rank calls ``dynamo_export`` with the same export_path and export_name; rank r writes
 ``<export_name><r>.onnx`` and ``rank_<r>/`` (layout.py). Collectives become com.microsoft AllReduce /
 AllGather nodes (collectives.py). With ``config.export.experimental.auto_atc_config_generated`` every rank
-then takes part in one ``all_gather_object`` (also when its export failed, so none waits forever) and rank 0
-writes ``model_relation_config.json`` and ``numa_config.json`` (atc_config.py) once all ranks succeeded.
+then sends what it wrote to rank 0 through the process group's store (also when its export failed, so rank 0
+never waits forever) and rank 0 writes ``model_relation_config.json`` and ``numa_config.json``
+(atc_config.py) once all ranks succeeded (multirank.py).
+
+Leftovers (leftovers.py): when the export returns, nothing of it refers to the process group any more
+(Dynamo's captured program, default arguments of ``torch.distributed.nn.functional``), nothing of it is
+left in a gloo thread (multirank.py) and the tqdm monitor thread it started is stopped, so
+``destroy_process_group`` after a multi-rank export stops every thread of the group, as without an export.
 """
 
 from __future__ import annotations
 
 import datetime
+import gc
 import importlib.metadata
 import json
 import os
@@ -67,12 +74,14 @@ import torch
 
 import airgraph
 from airgraph.config import CompilerConfig
-from airgraph.export import capture as capture_mod
+from airgraph.export import trace
+from airgraph.export.check import TOLERANCES
 from airgraph.export.convert import MODULE_PATH_KEY, describe_values, dynamic_dims, program_tensor_names, to_onnx
 from airgraph.export.errors import ExportError
 from airgraph.export.layout import FORMAT, FORMAT_VERSION, ExportLayout, Staging, check_export_name
+from airgraph.export.leftovers import no_leftovers
+from airgraph.export.multirank import distributed_metadata, rank_and_world, write_configs_from_all_ranks
 from airgraph.export.pbtxt import render_pbtxt
-from airgraph.export.runner import TOLERANCES
 from airgraph.export.weights import write_model
 from airgraph.store import file_digest
 
@@ -118,7 +127,7 @@ def dynamo_export(
     With torch.distributed initialized this is one rank of a multi-rank export: ``<export_name><rank>.onnx``
     plus ``rank_<rank>/`` (see the module docstring); every rank must call it.
     """
-    dist_info = _distributed()
+    dist_info = rank_and_world()
     if dist_info is None:
         layout = ExportLayout(Path(export_path), export_name)
         return export_model(model, args, kwargs, layout=layout, dynamic=dynamic, config=config)
@@ -133,55 +142,13 @@ def dynamo_export(
     except Exception as exc:  # re-raised below, after the other ranks heard of it
         error = exc
     if isinstance(config, CompilerConfig) and config.export.experimental.auto_atc_config_generated:
-        written = _gather_and_write_configs(layout, result, error, args, kwargs)
+        written = write_configs_from_all_ranks(layout, None if result is None else result.metadata, error, args, kwargs)
         if result is not None and written:
             result.files.extend(written)
     if error is not None:
         raise error
     assert result is not None
     return result
-
-
-def _distributed() -> tuple[int, int] | None:
-    """(rank, world size) when torch.distributed is initialized, else None."""
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
-        return None
-    return dist.get_rank(), dist.get_world_size()
-
-
-def _gather_and_write_configs(
-    layout: ExportLayout, result: ExportResult | None, error: BaseException | None, args: tuple, kwargs: dict
-) -> list[str]:
-    """Every rank sends what it wrote to all; rank 0 writes the ATC config files if all ranks succeeded."""
-    import socket
-
-    import torch.distributed as dist
-    from torch.utils import _pytree as pytree
-
-    from airgraph.export.atc_config import write_atc_configs
-
-    devices = {t.device.type for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
-    distributed = (result.metadata.get("distributed") or {}) if result is not None else {}
-    mine = {
-        "rank": layout.rank,
-        "ok": error is None,
-        "error": None if error is None else str(error),
-        "model_file": layout.model,
-        "host": socket.gethostname(),
-        "device": sorted(devices)[0] if devices else "cpu",
-        "groups": distributed.get("groups", {}),
-    }
-    everyone: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, mine)
-    if layout.rank != 0 or error is not None:
-        return []
-    failed = [info["rank"] for info in everyone if not info["ok"]]
-    if failed:
-        warnings.warn(f"dynamo_export: ranks {failed} failed; no ATC config files written", stacklevel=3)
-        return []
-    return write_atc_configs(layout.root, everyone)
 
 
 def export_model(
@@ -208,12 +175,26 @@ def export_model(
             "call model.eval() first for an inference export",
             stacklevel=4,
         )
+    with no_leftovers():  # Dynamo's globals, default arguments holding the process group, tqdm's monitor
+        result = _export(model, args, kwargs, layout, dynamic, config)
+    if (result.metadata["distributed"] or {}).get("collectives"):
+        # the captured graph of a model with collectives refers to the process group from reference cycles
+        # (nodes, Dynamo's variable trackers): free them now, so that destroy_process_group() destroys the
+        # group, not whenever the collector next runs, which may be during interpreter finalization
+        gc.collect()
+    return result
+
+
+def _export(
+    model: torch.nn.Module, args: tuple, kwargs: dict, layout: ExportLayout, dynamic: bool, config: CompilerConfig
+) -> ExportResult:
+    """The export proper: capture, eager reference run, conversion, files (see the module docstring)."""
     timings: dict[str, float] = {}
     start = time.perf_counter()
-    program, _ = capture_mod.capture(model, args, kwargs, dynamic=dynamic)
+    program, _ = trace.capture(model, args, kwargs, dynamic=dynamic)
     timings["capture"] = time.perf_counter() - start
     tick = time.perf_counter()
-    reference = capture_mod.eager_reference(model, args, kwargs)
+    reference = trace.eager_reference(model, args, kwargs)
     timings["eager_reference"] = time.perf_counter() - tick
     tick = time.perf_counter()
     record = config.export.experimental.enable_record_nn_module_stack
@@ -240,7 +221,7 @@ def export_model(
     tick = time.perf_counter()
     metadata = _metadata(layout, model, program, onnx_model, inputs, outputs, dynamic, config)
     if layout.rank is not None:
-        metadata["distributed"] = _distributed_metadata(onnx_model)
+        metadata["distributed"] = distributed_metadata(onnx_model)
     metadata["passes"] = {name: result.changed for name, result in passes.items()}
     metadata["dynamic_dims"] = dynamic_dims(program, renamed, inputs, reference.inputs)
     metadata["pinned_dims"] = _pinned(inputs, reference.inputs) if dynamic else {}
@@ -248,7 +229,7 @@ def export_model(
         warnings.warn(
             f"dynamo_export: dims of size 0 or 1 stay static (torch.export specializes them): "
             f"{metadata['pinned_dims']}; export with sizes >= 2 for dims that should vary",
-            stacklevel=4,
+            stacklevel=5,
         )
     program_tensors = program_tensor_names(program)
     with layout.staging() as stage:
@@ -335,44 +316,29 @@ def _metadata(
     }
 
 
-def _distributed_metadata(onnx_model: Any) -> dict[str, Any]:
-    import torch.distributed as dist
-
-    from airgraph.export.collectives import collective_nodes
-
-    collectives = collective_nodes(onnx_model)
-    groups = {c["group_name"]: c["group_ranks"] for c in collectives}
-    return {
-        "world_size": dist.get_world_size(),
-        "backend": str(dist.get_backend()),
-        "groups": dict(sorted(groups.items())),
-        "collectives": collectives,
-    }
-
-
 def _pinned(inputs: list[dict[str, Any]], examples: list[torch.Tensor]) -> dict[str, int]:
     pinned = {}
     for desc, example in zip(inputs, examples, strict=True):
-        for axis in capture_mod.DYNAMIC_AXES:
+        for axis in trace.DYNAMIC_AXES:
             if axis < example.ndim and isinstance(desc["shape"][axis], int):
                 pinned[f"{desc['name']}[{axis}]"] = int(example.shape[axis])
     return pinned
 
 
 def _write_reference(
-    stage: Staging, layout: ExportLayout, inputs: list[dict], outputs: list[dict], reference: capture_mod.Reference
+    stage: Staging, layout: ExportLayout, inputs: list[dict], outputs: list[dict], reference: trace.Reference
 ) -> dict[str, Any]:
     arrays = {}
-    for kind, descs, tensors in (("inputs", inputs, reference.inputs), ("outputs", outputs, reference.outputs)):
+    for side, descs, tensors in (("inputs", inputs, reference.inputs), ("outputs", outputs, reference.outputs)):
         try:
-            arrays[kind] = {d["name"]: _to_numpy(t) for d, t in zip(descs, tensors, strict=True)}
+            arrays[side] = {d["name"]: _to_numpy(t) for d, t in zip(descs, tensors, strict=True)}
         except TypeError as exc:
             return {"inputs": None, "outputs": None, "skipped": str(exc)}
     out: dict[str, Any] = {}
-    for kind, rel in (("inputs", layout.reference_inputs), ("outputs", layout.reference_outputs)):
+    for side, rel in (("inputs", layout.reference_inputs), ("outputs", layout.reference_outputs)):
         with open(stage.path(rel), "wb") as f:
-            np.savez(f, **arrays[kind])
-        out[kind] = rel
+            np.savez(f, **arrays[side])
+        out[side] = rel
     return out
 
 

@@ -5,7 +5,7 @@ Single process (``rank=None``)::
     export_path/
       <export_name>.onnx          the model; weights inside, or in the weight files below
       dynamo.pbtxt                the graph as protobuf text, weights summarized (airgraph/export/pbtxt.py)
-      export.json                 metadata (airgraph/export/metadata.py); written last
+      export.json                 metadata (airgraph/export/exporter.py says what it holds); written last
       reference_inputs.npz        the example inputs, one array per ONNX input name
       reference_outputs.npz       eager PyTorch's outputs for them, one array per ONNX output name
       <weight files>              only past config.export.external_weights_threshold: one file per parameter

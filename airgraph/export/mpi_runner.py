@@ -33,7 +33,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from airgraph.export.runner import RunError, check_inputs, check_outputs, load_export, read_npz, reference
+from airgraph.export.check import RunError, check_inputs, check_outputs, load_export, read_npz, reference
 
 __all__ = ["MS_DOMAIN", "CollectiveRunner", "StagedModel", "collective_signature", "worker_main"]
 
@@ -243,7 +243,7 @@ def worker_main(args: Any, prog: str) -> int:
     """
     from mpi4py import MPI
 
-    from airgraph.export.runner import save_npz
+    from airgraph.export.check import save_npz
 
     comm = MPI.COMM_WORLD
     rank, world = comm.Get_rank(), comm.Get_size()

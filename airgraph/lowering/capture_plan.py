@@ -2,8 +2,8 @@
 
 Decisions about a graph, made at compile time (runtime/capture.py carries them out):
 
-- :func:`find_uncapturable` says why a graph cannot be captured (an op that needs a host sync, a CPU tensor
-  inside the CUDA graph), naming the first offending op, or None;
+- :func:`find_uncapturable` says why a graph cannot be captured (work on two GPUs, an op that needs a host sync
+  (capture_rules.py), a CPU tensor inside the CUDA graph), naming the first offending op, or None;
 - :func:`plan_host_work` classifies each node of a graph with host work (host placement's CPU ops) as static (a
   function of the shape key alone: computed once per key), per-call (depends on the data of CPU inputs, or is
   random: computed before every replay) or device (captured); host_split.py lowers the three pieces.
@@ -17,6 +17,7 @@ import torch
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from airgraph.graph.meta import METADATA_OPS, on_host, tensors, transfer_device
+from airgraph.lowering.capture_rules import host_sync_reason
 
 __all__ = [
     "CapturePlan",
@@ -50,7 +51,7 @@ def plan_capture(gm: torch.fx.GraphModule, *, mode: str, device: torch.device, c
     return CapturePlan(capture=True, uncapturable=reason, split=reason is None and has_host_work(gm))
 
 
-STATIC, PER_CALL, DEVICE = "static", "per_call", "device"  # where a node's value comes from
+STATIC, PER_CALL, ON_DEVICE = "static", "per_call", "device"  # where a node's value comes from (its origin)
 
 
 @dataclass
@@ -81,14 +82,15 @@ def plan_host_work(gm: torch.fx.GraphModule) -> HostPlan:
     """Classify the graph's host work for capture; see :class:`HostPlan`."""
     plan = HostPlan()
     origin = plan.origin
+    weak = False  # the problem found is one of size arithmetic
     for node in gm.graph.nodes:
         val = node.meta.get("val")
         if node.op == "placeholder":
             is_tensor = isinstance(val, torch.Tensor)
-            origin[node] = (PER_CALL if val.device.type == "cpu" else DEVICE) if is_tensor else STATIC
+            origin[node] = (PER_CALL if val.device.type == "cpu" else ON_DEVICE) if is_tensor else STATIC
             continue
         if node.op == "get_attr":
-            origin[node] = STATIC if on_host(node) else DEVICE
+            origin[node] = STATIC if on_host(node) else ON_DEVICE
             if on_host(node):
                 plan.static.append(node)
             continue
@@ -98,15 +100,18 @@ def plan_host_work(gm: torch.fx.GraphModule) -> HostPlan:
             origin[node] = _host_origin(node, origin, plan)
             (plan.static if origin[node] == STATIC else plan.per_call).append(node)
             continue
-        origin[node] = DEVICE
+        origin[node] = ON_DEVICE
         for inp in node.all_input_nodes:
-            if origin[inp] == DEVICE or plan.problem is not None:
+            if origin[inp] == ON_DEVICE or (plan.problem is not None and not weak):
                 continue
             if _is_transfer(node, inp):
                 if free_unbacked_symbols(node.meta.get("val")):
-                    plan.problem = (
-                        f"{node.name} = {node.target} copies {inp.name} to the device with a data-dependent shape "
-                        "(it depends on input data): a CUDA graph's buffer has one shape"
+                    plan.problem, weak = (
+                        (
+                            f"{node.name} = {node.target} copies {inp.name} to the device with a data-dependent shape "
+                            "(it depends on input data): a CUDA graph's buffer has one shape"
+                        ),
+                        False,
                     )
                 plan.transfers.append(node)
             elif inp.op == "placeholder" and origin[inp] == STATIC:
@@ -114,11 +119,13 @@ def plan_host_work(gm: torch.fx.GraphModule) -> HostPlan:
             elif origin[inp] == STATIC and (not tensors(inp.meta.get("val")) or inp.meta["val"].dim() == 0):
                 if inp not in plan.feeds:
                     plan.feeds.append(inp)
-            else:
+            elif plan.problem is None or (weak and tensors(node.meta.get("val"))):
                 what = "changes with every call" if origin[inp] == PER_CALL else "is a CPU tensor"
                 plan.problem = (
                     f"{node.name} = {node.target} reads {inp.name}, a host value that {what}, inside the CUDA graph"
                 )
+                # arithmetic on sizes (a runtime check of an unbacked size): a tensor op's problem says more
+                weak = not tensors(node.meta.get("val"))
     return plan
 
 
@@ -126,7 +133,7 @@ def _host_origin(node: torch.fx.Node, origin: dict[torch.fx.Node, str], plan: Ho
     inputs = node.all_input_nodes
     if node.target in METADATA_OPS and not free_unbacked_symbols(node.meta.get("val")):
         return STATIC  # reads sizes or strides that the shape key fixes (not data-dependent ones)
-    device = [inp for inp in inputs if origin[inp] == DEVICE]
+    device = [inp for inp in inputs if origin[inp] == ON_DEVICE]
     if device and plan.problem is None:
         plan.problem = f"host op {node.name} = {node.target} reads {device[0].name}, a value computed on the device"
     target = node.target
@@ -155,45 +162,74 @@ def has_host_work(gm: torch.fx.GraphModule) -> bool:
 def find_uncapturable(gm: torch.fx.GraphModule, *, simulated: bool = False) -> str | None:
     """Why this CUDA graph cannot be recorded as one CUDA graph, naming the first offending op, or None.
 
-    Ops with data-dependent output shapes or that read a device value on the host need a sync, which
-    capture forbids (these are named first: they are what a user changes). Host work that host placement
-    put on the CPU is fine: it runs around the replay (module docstring), unless device work reads one of
-    its per-call values directly. Any other CPU tensor inside a CUDA graph would be computed on the host
-    once, while recording, and never again, so it is refused.
+    A graph touching two GPUs is refused (one CUDA graph records one device's work, as CUDAGraph Trees refuse it).
+    Ops that need a host sync or that a CUDA graph cannot record (capture_rules.py) are named next: they are what
+    a user changes. Host work that host placement put on the CPU is fine: it runs around the replay (module
+    docstring), unless device work reads one of its per-call values directly. Any other CPU tensor inside a CUDA
+    graph would be computed on the host once, while recording, and never again, so it is refused, and so is a
+    0-dim one (a kernel would take its value as an argument, frozen at the recording) unless it is a function of
+    the shape key alone (constants, sizes), the same for every call of the key.
 
     ``simulated``: a CPU graph run as a CUDA one by the simulator: only the ops are checked (every tensor is
     a CPU tensor there, standing for a device one).
     """
+    devices = {t.device for n in gm.graph.nodes for t in tensors(n.meta.get("val")) if t.device.type not in _HOSTS}
+    if len(devices) > 1:
+        names = ", ".join(sorted(map(str, devices)))
+        return f"the graph touches {names}: one CUDA graph records the work of one device"
+    statics: list[set] = []
+
+    def static_symbols() -> set:  # unbacked symbols that host work computes once per shape key
+        if not statics:
+            plan = plan_host_work(gm) if has_host_work(gm) else HostPlan()
+            statics.append({s for n in plan.static for s in free_unbacked_symbols(n.meta.get("val"))})
+        return statics[0]
+
+    unchecked = None  # an assert on values that change per call: the host work's problem, if any, says why first
     for node in gm.graph.nodes:
-        target = node.target
-        if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload) or on_host(node):
-            continue
-        if target is torch.ops.aten._local_scalar_dense.default:
-            return f"{node.name} = {target} reads a device value on the host (.item(), a host sync)"
-        dynamic = torch.Tag.dynamic_output_shape in target.tags or torch.Tag.data_dependent_output in target.tags
-        if dynamic and _data_dependent(node):
-            return f"{node.name} = {target} has a data-dependent output (needs a host sync)"
-    if simulated:
-        return None
-    if has_host_work(gm):
+        if node.op == "call_function" and not on_host(node):
+            reason = host_sync_reason(node, static_symbols)
+            if reason is not None and node.target is torch.ops.aten._assert_scalar.default:
+                unchecked = unchecked or reason
+            elif reason is not None:
+                return reason
+    if has_host_work(gm) and not simulated:
         problem = plan_host_work(gm).problem
         if problem is not None:
             return problem
+    if unchecked is not None or simulated:
+        return unchecked
+    per_call: set[torch.fx.Node] = set()
     for node in gm.graph.nodes:
         val = node.meta.get("val")
+        if _changes_per_call(node, per_call):
+            per_call.add(node)
         if not isinstance(val, torch.Tensor) or val.device.type != "cpu" or on_host(node):
             continue
         if node.op == "placeholder":  # even a 0-dim one: a kernel would keep the value it had when recorded
             return f"input {node.name} is a CPU tensor inside a CUDA graph"
         if val.dim() > 0:
             return f"{node.name} = {node.target} is a CPU tensor inside a CUDA graph"
+        if node in per_call and any(not on_host(u) and u.op != "output" for u in node.users):
+            return (
+                f"{node.name} = {node.target} is a CPU scalar that changes from call to call, read inside the CUDA "
+                "graph: a kernel would keep its recording value (host placement copies such a scalar to the device "
+                "before every replay: passes.host_placement)"
+            )
     return None
 
 
-def _data_dependent(node: torch.fx.Node) -> bool:
-    """A node of an op that *may* depend on data (``index`` with a bool mask, ``nonzero``) that here does: its
-    traced value has sizes no input determines (unbacked SymInts), or is unknown."""
-    val = node.meta.get("val")
-    if val is None:
+_HOSTS = ("cpu", "meta")
+
+
+def _changes_per_call(node: torch.fx.Node, per_call: set[torch.fx.Node]) -> bool:
+    """A CPU tensor input, a random or mutating op, or a node reading one (``per_call``: those found so far)."""
+    if node.op == "placeholder":
+        val = node.meta.get("val")
+        return isinstance(val, torch.Tensor) and val.device.type == "cpu"
+    target = node.target
+    if isinstance(target, torch._ops.OpOverload) and (
+        target._schema.is_mutable or torch.Tag.nondeterministic_seeded in target.tags
+    ):
         return True
-    return bool(free_unbacked_symbols(val))
+    return any(inp in per_call for inp in node.all_input_nodes)

@@ -11,7 +11,7 @@ import torch
 
 from airgraph.graph.meta import H2D, HOST, HOST_PLACEMENT, PLACEMENT, SEGMENT, is_non_blocking, tensors
 from airgraph.graph.program import HostProgram, Segment, Transfer
-from airgraph.lowering.capture_plan import DEVICE, STATIC, HostPlan, plan_host_work
+from airgraph.lowering.capture_plan import ON_DEVICE, STATIC, HostPlan, plan_host_work
 from airgraph.lowering.layouts import Layouts
 from airgraph.lowering.lower import lower_segment, lower_segments
 from airgraph.lowering.partition import partition, subgraph
@@ -130,10 +130,10 @@ def _device_part(
         env[node] = graph.placeholder(f"{node.name}_{suffix}")
         env[node].meta = {k: v for k, v in node.meta.items() if k not in (HOST_PLACEMENT, PLACEMENT)}
     for node in gm.graph.nodes:
-        if node.op in ("placeholder", "output") or node in env or plan.origin.get(node) != DEVICE:
+        if node.op in ("placeholder", "output") or node in env or plan.origin.get(node) != ON_DEVICE:
             continue
         env[node] = graph.node_copy(node, lambda n: env[n])
-    on_device = [o for o in outputs if isinstance(o, torch.fx.Node) and o in env and plan.origin.get(o) == DEVICE]
+    on_device = [o for o in outputs if isinstance(o, torch.fx.Node) and o in env and plan.origin.get(o) == ON_DEVICE]
     device_outputs = {out: i for i, out in enumerate(dict.fromkeys(on_device))}
     graph.output(tuple(env[o] for o in device_outputs))
     copies = {node: copy for node, copy in env.items() if node.op != "placeholder"}

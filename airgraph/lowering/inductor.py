@@ -25,7 +25,10 @@ def compile_inductor(request: LowerRequest) -> Callable[[list], Any]:
     from torch._inductor.compile_fx import compile_fx_inner
 
     kind = request.kind
-    patches = {**request.options.get("inductor_config", {}), "triton.cudagraphs": False}
+    # Random ops run as ATen's own (fallback_random): Inductor lowers them natively only after its joint-graph
+    # pass replaced them, which runs inside its own AOTAutograd (not airgraph's); ATen's draw the numbers eager
+    # draws, in the same order, so dropout masks equal eager's.
+    patches = {**request.options.get("inductor_config", {}), "triton.cudagraphs": False, "fallback_random": True}
     with inductor_config.patch(patches), _donating(request.donated if kind == "backward" else None):
         compiled = compile_fx_inner(
             _copy(request.gm),

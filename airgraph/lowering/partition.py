@@ -58,6 +58,7 @@ def partition(gm: torch.fx.GraphModule, *, streams: bool = True) -> list[Segment
         segments[-1].nodes.append(node)
         node.meta[SEGMENT] = segments[-1].id
 
+    placeholders = gm.graph.find_nodes(op="placeholder")
     output_node = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
     graph_outputs = [a for a in torch.utils._pytree.tree_leaves(output_node.args[0]) if isinstance(a, torch.fx.Node)]
     for seg in segments:
@@ -67,7 +68,9 @@ def partition(gm: torch.fx.GraphModule, *, streams: bool = True) -> list[Segment
             for arg in node.all_input_nodes:
                 if arg not in members:
                     inputs[arg] = None
-        seg.inputs = list(inputs)
+        # Graph inputs first, in the graph's order, so a lone segment reading every input takes the graph's
+        # argument list as it is (the executor is then the segment itself: no extra frame per call).
+        seg.inputs = [n for n in placeholders if n in inputs] + [n for n in inputs if n.op != "placeholder"]
         escaping = [n for n in seg.nodes if any(user not in members for user in n.users)]
         # Graph outputs first, in output order, so a lone segment's outputs are the graph's outputs.
         first = [n for n in dict.fromkeys(graph_outputs) if n in members]

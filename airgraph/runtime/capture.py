@@ -14,7 +14,20 @@ Inputs, per position:
   buffer itself); a mutated one (in-place update in the graph) is copied back after the replay.
 
 Memory: all keys of all graphs of one backend share one CUDA graph memory pool, as CUDAGraph Trees and
-TorchAir do, which is safe because a key's outputs never stay in the pool: see below.
+TorchAir do, which is safe because a key's outputs never stay in the pool: see below. The pool lives as long as
+the backend: :class:`MemoryPool` holds an empty graph captured into it (as CUDAGraph Trees do), so the caching
+allocator's use count of the pool never drops to zero when a key's graph is dropped (a re-recording): a capture
+into a pool whose count reached zero fails inside the allocator. A key's static buffers are freed after the last
+replay's stream is done with them (``record_stream``), whether the key records again or gives up.
+
+cuBLAS keeps one workspace per (thread, stream), allocated by the first GEMM there and kept until
+``torch._C._cuda_clearCublasWorkspaces`` (which CUDAGraph Trees call around their own warm-ups and recordings, so
+any ``torch.compile(mode="reduce-overhead")`` in the process does) or, in torch 2.13 (not 2.11), the destruction of a
+graph captured on that stream frees it. A recording keeps the pointer of the workspace it found; had the warm-up
+allocated it from the ordinary allocator, a replay after such a free would write into memory that may belong to a
+user's tensor by then. So, as CUDAGraph Trees do, the workspaces are cleared before and after each warm-up and
+each recording: the recording's GEMMs allocate their workspace inside the graph's private pool, which only this
+backend's graphs use, one replay at a time.
 
 Outputs (the documented policy): **outputs stay correct**. After each replay the outputs are copied out of
 the pool into fresh tensors owned by the caller (one device-to-device copy per output storage, on the
@@ -56,14 +69,19 @@ also sends per-call CPU scalars that kernels read, such as the floats Dynamo pas
 ``dynamic=True``, through such a copy.) A graph whose device work reads a per-call host value any other way
 (a SymInt or Python number computed from input data, a CPU tensor a kernel reads directly) is refused by
 :func:`airgraph.lowering.capture_plan.find_uncapturable` and runs uncaptured.
+
+(Past 400 lines: the policy above and the class that carries it out read together; the output plan is at the end.)
+
+(Over 400 lines because reduce-overhead's whole policy is documented here, beside the one class that carries
+it out; the output copy policy's code is outputs.py, the host work's host.py.)
 """
 
 from __future__ import annotations
 
 import enum
 import logging
+import warnings
 import weakref
-from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -72,6 +90,7 @@ import torch
 
 from airgraph.runtime.device import CUDA, DeviceRuntime
 from airgraph.runtime.host import HostSplit, refill
+from airgraph.runtime.outputs import copy_out, expanded_dims, one_per_expanded, output_plan, storage
 
 log = logging.getLogger("airgraph")
 
@@ -103,22 +122,25 @@ class _Key:
     refill: list[tuple[torch.Tensor, Any]] = field(default_factory=list)
     expanded: dict[int, tuple[int, ...]] = field(default_factory=dict)  # copied input -> its expanded dims
     copy_back: tuple[int, ...] = ()  # mutated inputs copied back from their buffers after a replay
-    recaptures: int = 0  # re-recordings after static inputs moved
-    outputs: list[tuple] = field(default_factory=list)  # _output_plan
+    recaptures: int = 0  # times static inputs moved (each drops the graph; re-recorded up to MAX_RECAPTURES)
+    outputs: list[tuple] = field(default_factory=list)  # runtime.outputs.output_plan
+    owned: list[torch.Tensor] = field(default_factory=list)  # the buffers GraphCapture allocated for the graph
+    replays: int = 0
 
 
 class MemoryPool:
     """Per device: one CUDA graph memory pool and one capture stream, shared by every graph and key of a backend.
 
     Warm-up runs and recordings both happen on the capture stream (as CUDAGraph Trees do), so whatever a
-    first run sets up per stream (cuBLAS workspaces, Triton autotuning) is set up for the stream recorded.
-    The pool also remembers the stream of the last replay on each device: every graph's replay is ordered
-    after it (graphs of the pool share its memory).
+    first run sets up per stream (Triton autotuning) is set up for the stream recorded. The pool also remembers
+    the stream of the last replay on each device: every graph's replay is ordered after it (graphs of the pool
+    share its memory). An empty graph captured into the pool keeps it alive (module docstring).
     """
 
     def __init__(self, runtime: DeviceRuntime = CUDA) -> None:
         self.runtime = runtime
         self._handles: dict[Any, Any] = {}
+        self._keepers: dict[Any, Any] = {}  # device -> the empty graph holding a use of its pool
         self._streams: dict[Any, Any] = {}
         self.last_stream: dict[Any, Any] = {}
         # Storages of the static inputs (parameters, buffers) of every graph recorded in this pool: a backward
@@ -127,13 +149,21 @@ class MemoryPool:
 
     def handle(self, device: torch.device) -> Any:
         if device not in self._handles:
-            self._handles[device] = self.runtime.pool_handle()
+            handle = self.runtime.pool_handle()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # "The CUDA Graph is empty"
+                keeper, _ = self.runtime.capture(_nothing, [], pool=handle, stream=self.stream(device), device=device)
+            self._handles[device], self._keepers[device] = handle, keeper
         return self._handles[device]
 
     def stream(self, device: torch.device) -> Any:
         if device not in self._streams:
             self._streams[device] = self.runtime.new_stream(device)
         return self._streams[device]
+
+
+def _nothing(args: list) -> list:
+    return []
 
 
 ShapeKeyObserver = Callable[[tuple, list], None]  # (the new key, the arguments of its first call)
@@ -170,7 +200,7 @@ class ObservedRun:
 
 
 class CaptureReport(Protocol):
-    """What GraphCapture keeps up to date in the graph's report (explain/report.py's GraphReport)."""
+    """What GraphCapture keeps up to date in the graph's report (report/schema.py's GraphReport)."""
 
     id: int
     captured: bool
@@ -223,6 +253,8 @@ class GraphCapture:
         self._dynamic: list[int] | None = None
         self._limit_warned = False
         self._runtime = pool.runtime
+        uncapturable = uncapturable or self._runtime.capture_refusal(device)
+        self._uncapturable = uncapturable
         if uncapturable:
             report.uncaptured_reason = uncapturable
             log.warning("airgraph: graph %d runs uncaptured in reduce-overhead: %s", report.id, uncapturable)
@@ -262,14 +294,11 @@ class GraphCapture:
             if self._static_moved(args, entry):
                 self._moved |= {i for i in entry.static_checked if i not in self._static_set and _moved(args, entry, i)}
                 log.info("airgraph: graph %d: a parameter or buffer moved; re-capturing", self._report.id)
-                self._report.recaptures += 1
                 entry.recaptures += 1
-                entry.graph = None
+                self._drop(entry)
                 entry.state, entry.warmups = CaptureState.WARMUP, self._warmup_iters - 1
                 if entry.recaptures > MAX_RECAPTURES:  # they move every call: recording would cost every call
                     entry.state = CaptureState.UNCAPTURED
-                    entry.static_args, entry.static_outputs, entry.outputs = [], (), []  # the pool's memory goes
-                    entry.statics, entry.refill = [], []
                     reason = (
                         f"parameters or buffers moved {entry.recaptures} times (new tensors assigned between "
                         "calls?); this shape key runs uncaptured: update them in place (copy_) to keep replaying"
@@ -303,14 +332,30 @@ class GraphCapture:
             return _Key(CaptureState.UNCAPTURED)
         return _Key(CaptureState.WARMUP)
 
+    def _drop(self, entry: _Key) -> None:
+        """Forget a key's graph and the memory it used. The buffers GraphCapture allocated for it are freed once
+        the last replay's stream is done with them: that stream may differ from the one that allocated them, and
+        the caching allocator gives a freed block to that stream's next allocation at once."""
+        last = self._pool.last_stream.get(self.device)
+        if last is not None:
+            for buffer in entry.owned:
+                self._runtime.record_stream(buffer, last)
+        entry.graph, entry.static_args, entry.static_outputs, entry.outputs = None, [], (), []
+        entry.statics, entry.refill, entry.owned = [], [], []
+
     def _warmup(self, args: list) -> Any:
-        """Run uncaptured on the capture stream, ordered after and before the caller's stream."""
+        """Run uncaptured on the capture stream, ordered after and before the caller's stream; cuBLAS workspaces
+        cleared before and after (module docstring)."""
         runtime = self._runtime
         caller = runtime.current_stream(self.device)
         side = self._pool.stream(self.device)
         side.wait_stream(caller)
-        with runtime.use(side):
-            outputs = self._run(args)
+        runtime.clear_blas_workspaces()
+        try:
+            with runtime.use(side):
+                outputs = self._run(args)
+        finally:
+            runtime.clear_blas_workspaces()
         caller.wait_stream(side)
         for out in outputs:  # allocated on the side stream, used on the caller's: don't reuse them early
             if isinstance(out, torch.Tensor):
@@ -332,9 +377,10 @@ class GraphCapture:
         # (recording reads no data, so they start uninitialized). Host work's inputs are read outside the graph.
         static = self._static_set | self._views_of_static(args)
         static_args = [
-            a if i in static or i >= len(args) or not _is_device_tensor(a, split) else self._runtime.static_buffer(a)
+            a if i in static or i >= len(args) or not _is_device_tensor(a, i, split) else self._runtime.static_buffer(a)
             for i, a in enumerate(device_args)
         ]
+        self._runtime.clear_blas_workspaces()  # the recording's GEMMs get their workspace from the pool
         try:
             graph, static_outputs = self._runtime.capture(
                 capture_fn,
@@ -349,19 +395,25 @@ class GraphCapture:
             self._report.uncaptured_reason = reason
             log.warning("airgraph: graph %d runs uncaptured: %s", self._report.id, reason)
             return
+        finally:
+            self._runtime.clear_blas_workspaces()
         entry.graph, entry.static_args, entry.static_outputs = graph, static_args, static_outputs
+        entry.owned = [a for i, a in enumerate(static_args) if i >= len(args) or a is not device_args[i]]
         entry.static_ptrs = self._static_ptrs(static_args, sorted(static))
         entry.static_checked = [i for i in sorted(static) if entry.static_ptrs[i] is not None]
         self._pool.static_storages.update(
-            (_storage(args[i]), weakref.ref(args[i])) for i in self._static if isinstance(args[i], torch.Tensor)
+            (storage(args[i]), weakref.ref(args[i])) for i in self._static if isinstance(args[i], torch.Tensor)
         )
         entry.copy_indices = tuple(i for i in range(len(args)) if static_args[i] is not args[i])
-        entry.expanded = {i: _expanded_dims(static_args[i]) for i in entry.copy_indices}
+        entry.expanded = {i: expanded_dims(static_args[i]) for i in entry.copy_indices}
         entry.copy_back = tuple(i for i in self._mutated if i in entry.copy_indices)
-        entry.outputs = _output_plan(static_outputs, static_args, len(args), entry.copy_indices, self._input_views)
+        entry.outputs = output_plan(static_outputs, static_args, len(args), entry.copy_indices, self._input_views)
         entry.state = CaptureState.CAPTURED
         self._report.captured = True
-        self._report.capture_keys += 1
+        if entry.recaptures:
+            self._report.recaptures += 1  # recorded again (a parameter moved)
+        else:
+            self._report.capture_keys += 1
 
     def _views_of_static(self, args: list) -> set[int]:
         """Inputs (not mutated) whose memory is a static input's of a graph recorded in this pool: used in place,
@@ -377,9 +429,9 @@ class GraphCapture:
                 or not a.untyped_storage().nbytes()
             ):
                 continue
-            owner = storages.get(_storage(a))
+            owner = storages.get(storage(a))
             owner = owner() if owner is not None else None
-            if owner is not None and _storage(owner) == _storage(a):  # still that parameter's memory
+            if owner is not None and storage(owner) == storage(a):  # still that parameter's memory
                 found.add(i)
         return found
 
@@ -394,18 +446,19 @@ class GraphCapture:
         if split is not None:  # the host prologue, then its values into the graph's buffers
             values = [*args, *entry.statics, *split.run_per_call(args, entry.statics)]
             for buffer, transfer in entry.refill:
-                refill(transfer, buffer, values[transfer.source])
+                refill(transfer, buffer, values[transfer.source], runtime)
         for i in entry.copy_indices:
             buffer, a = static_args[i], args[i]
             if buffer.data_ptr() != a.data_ptr():
                 dims = entry.expanded[i]
-                runtime.copy_(_one_per_expanded(buffer, dims), _one_per_expanded(a, dims))
+                runtime.copy_(one_per_expanded(buffer, dims), one_per_expanded(a, dims))
         entry.graph.replay()
+        entry.replays += 1
         for i in entry.copy_back:  # mutated inputs that had a buffer (CPU inputs were mutated in place)
             if static_args[i].data_ptr() != args[i].data_ptr():
                 runtime.copy_(args[i], static_args[i])
         runtime.reading(entry.static_outputs)
-        outputs = _copy_out(entry, args)
+        outputs = copy_out(entry.static_outputs, entry.outputs, entry.static_args, args)
         args.clear()
         return outputs if split is None else split.assemble(outputs, values, clone_static=True)
 
@@ -414,117 +467,9 @@ def _moved(args: list, entry: _Key, i: int) -> bool:
     return args[i].data_ptr() != entry.static_ptrs[i]
 
 
-def _expanded_dims(t: Any) -> tuple[int, ...]:
-    """Dimensions of ``t`` with stride 0 and size > 1 (an ``expand``): many elements, one memory location."""
-    if not isinstance(t, torch.Tensor):
-        return ()
-    return tuple(d for d in range(t.dim()) if t.stride(d) == 0 and t.size(d) > 1)
-
-
-def _one_per_expanded(t: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
-    """``t`` narrowed to one element along each expanded dimension: the memory it really has, copyable."""
-    for d in dims:
-        t = t.narrow(d, 0, 1)
-    return t
-
-
-# How each output of a replay reaches the caller (see the module docstring):
-_KEEP, _INPUT_VIEW, _CLONE, _COPY = "keep", "input view", "clone", "copy"
-
-
-def _output_plan(
-    outputs: Sequence[Any],
-    static_args: list,
-    num_args: int,
-    copy_indices: tuple[int, ...],
-    input_views: dict[int, int],
-) -> list[tuple]:
-    """How each output reaches the caller after a replay:
-
-    - (_KEEP,): non-tensors, and views of inputs used in place (parameters, buffers, CPU inputs of host work):
-      that memory is theirs, not the pool's;
-    - (_INPUT_VIEW, i): a view of input ``i`` (``input_views``, from the FX graph), which has a static buffer:
-      the same view of the caller's tensor. Only graph-level views: an output that merely occupies an input's
-      buffer (an input Inductor was allowed to overwrite) is pool data like any other;
-    - (_CLONE, dense): an output alone in its storage whose elements do not overlap: a copy of its elements,
-      strides kept (nothing regenerates a view from it); ``clone`` when it is dense (it keeps those strides);
-    - (_COPY, storage): outputs sharing a storage (a view and its base), and overlapping ones (an expanded
-      view): the storage copied once for all of them, offsets kept, so AOTAutograd regenerates the view from
-      the base as eager would.
-    """
-    in_place = {
-        _storage(a)
-        for i, a in enumerate(static_args[:num_args])
-        if isinstance(a, torch.Tensor) and i not in copy_indices and a.untyped_storage().nbytes()
-    }
-    plan: list[tuple] = []
-    for position, out in enumerate(outputs):
-        source = input_views.get(position)
-        if not isinstance(out, torch.Tensor):
-            plan.append((_KEEP,))
-        elif not out.untyped_storage().nbytes():  # no memory (a null pointer): nothing to tell apart
-            plan.append((_CLONE, True))
-        elif source is not None and source in copy_indices and _storage(out) == _storage(static_args[source]):
-            plan.append((_INPUT_VIEW, source))
-        elif _storage(out) in in_place:
-            plan.append((_KEEP,))
-        else:
-            plan.append((_COPY, _storage(out)))
-    shared = Counter(how[1] for how in plan if how[0] == _COPY)
-    for i, (out, how) in enumerate(zip(outputs, plan, strict=True)):
-        if how[0] == _COPY and shared[how[1]] == 1:
-            non_overlapping, dense = _layout(out)
-            if non_overlapping:
-                plan[i] = (_CLONE, dense)
-    return plan
-
-
-def _layout(t: torch.Tensor) -> tuple[bool, bool]:
-    """(non-overlapping, dense) for ``t``'s layout, its dims taken smallest stride first. Non-overlapping: each
-    stride clears the span of the dims below it (an expanded view, stride 0, overlaps, and only a copy of its
-    storage keeps its layout). Dense: each stride is exactly that span (a permutation of a contiguous layout,
-    whose strides ``clone`` keeps)."""
-    span, dense = 1, True
-    dims = [(n, st) for n, st in zip(t.shape, t.stride(), strict=True) if n != 1]
-    for size, stride in sorted(dims, key=lambda p: p[1]):
-        if stride < span:
-            return False, False
-        dense = dense and stride == span
-        span = stride * size
-    return True, dense
-
-
-def _storage(t: torch.Tensor) -> int:
-    return t.untyped_storage().data_ptr()
-
-
-def _copy_out(entry: _Key, args: list) -> list[Any]:
-    """The replay's outputs for the caller: pool memory copied once per storage, offsets and sharing kept."""
-    copies: dict[int, Any] = {}
-    outputs = []
-    for out, how in zip(entry.static_outputs, entry.outputs, strict=True):
-        if how[0] == _CLONE:
-            if how[1]:
-                outputs.append(out.clone())
-            else:  # a strided view: only its elements, same strides
-                copy = torch.empty_strided(out.size(), out.stride(), dtype=out.dtype, device=out.device)
-                outputs.append(copy.copy_(out))
-        elif how[0] == _KEEP:
-            outputs.append(out)
-        elif how[0] == _INPUT_VIEW:
-            base, buffer = args[how[1]], entry.static_args[how[1]]
-            offset = out.storage_offset() - buffer.storage_offset() + base.storage_offset()
-            outputs.append(base.as_strided(out.size(), out.stride(), offset))
-        else:
-            if how[1] not in copies:
-                copies[how[1]] = out.untyped_storage().clone()
-            view = torch.empty(0, dtype=out.dtype, device=out.device)
-            outputs.append(view.set_(copies[how[1]], out.storage_offset(), out.size(), out.stride()))
-    return outputs
-
-
-def _is_device_tensor(value: Any, split: HostSplit | None) -> bool:
-    """Inputs that get a static buffer: every tensor, or with host work split off, device tensors only."""
+def _is_device_tensor(value: Any, position: int, split: HostSplit | None) -> bool:
+    """Inputs that get a static buffer: every tensor, or with host work split off, the graph's device tensors only
+    (as traced: in the simulator, CPU tensors stand for CUDA ones)."""
     if not isinstance(value, torch.Tensor):
         return False
-    return split is None or value.device.type != "cpu"
+    return split is None or position not in split.host_inputs

@@ -3,11 +3,18 @@
 The executor (multi-stream graphs) and :class:`~airgraph.runtime.capture.GraphCapture` (reduce-overhead) call
 the device through one small object instead of ``torch.cuda`` directly. :data:`CUDA` is the real one. The
 other is :class:`airgraph.runtime.simulated.SimulatedCuda`: streams, events and graphs simulated on the CPU
-with a happens-before checker, so the CUDA-only logic (forks, joins, waits, lifetimes, capture and replay)
-runs and is checked for races on a machine without a GPU.
+with a happens-before checker and a model of the GPU state a capture touches, so the CUDA-only logic (forks,
+joins, waits, lifetimes, capture and replay) runs and is checked on a machine without a GPU.
 
 Every runtime implements :class:`DeviceRuntime` (a typed Protocol): :data:`CUDA`, :data:`CPU` (no device
 streams and no graphs: the executor runs segments in order; ``time`` is ``perf_counter``) and the simulator.
+
+Recording a graph follows one protocol, :func:`record`, whatever the runtime: CUDA's and the simulator's graphs
+expose the same steps (:class:`Recording`), so the simulator's tests of a capture that fails at each step test the
+clean-up CUDA runs. A failed capture leaves the device as it was: the stream is out of capture mode, the caching
+allocator no longer allocates into the pool and the pool's use count is what it was, and the default generator
+is out of capture mode (in torch 2.11 ``capture_begin`` flags it before anything else can fail and only a
+``capture_end`` that succeeds clears the flag; left set, every later random op on that GPU raises).
 """
 
 from __future__ import annotations
@@ -21,15 +28,30 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from airgraph import ops
+from airgraph import config, ops
 from airgraph.ops import cuda_index
 
-__all__ = ["CPU", "CUDA", "CpuRuntime", "CudaRuntime", "DeviceRuntime", "runtime_for"]
+__all__ = [
+    "CPU",
+    "CUDA",
+    "UNCACHED_ALLOCATOR",
+    "CpuRuntime",
+    "CudaRuntime",
+    "DeviceRuntime",
+    "Recording",
+    "record",
+    "runtime_for",
+]
+
+UNCACHED_ALLOCATOR = (
+    "the CUDA caching allocator is disabled (PYTORCH_NO_CUDA_MEMORY_CACHING=1 or "
+    "torch.cuda.caching_allocator_enable(False)): a CUDA graph's allocations must come from its pool"
+)
 
 
 @runtime_checkable
 class DeviceRuntime(Protocol):
-    """What the executor, GraphCapture and the tuner ask of a device."""
+    """What the executor, GraphCapture, the host split and the tuner ask of a device."""
 
     has_streams: bool  # side streams are real (segments split at stream changes, the executor forks and joins)
     can_capture: bool  # reduce-overhead records graphs and replays them
@@ -52,16 +74,111 @@ class DeviceRuntime(Protocol):
         """An input buffer for a captured graph, laid out like ``t``."""
 
     def capture(self, fn: Callable[[list], Any], args: list, *, pool: Any, stream: Any, device: torch.device) -> tuple:
-        """Record ``fn(args)`` into a new graph allocating from ``pool``: ``(graph, outputs)``."""
+        """Record ``fn(args)`` on ``stream`` into a new graph allocating from ``pool``: ``(graph, outputs)``
+        (through :func:`record`: on failure the device is left as it was, and the error raised)."""
 
-    # -- checked work: the simulator records what each call reads and writes; the real runtimes just do it
+    def capture_refusal(self, device: torch.device) -> str | None:
+        """Why no graph can be captured on ``device`` now (PyTorch would refuse it too), or None."""
+
+    def clear_blas_workspaces(self) -> None:
+        """Free cuBLAS's cached per-stream workspaces (the next GEMM on a stream allocates a new one)."""
+
+    # -- host memory and copies: the simulator records what each call reads and writes; the real runtimes do it
+    def pinned(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` (a value the graph computed) in pinned memory, for an asynchronous host-to-device copy."""
+
+    def pinned_copy(self, t: torch.Tensor) -> torch.Tensor:
+        """A new pinned copy of ``t`` (a caller's tensor, which may be written to once the call returns)."""
+
     def wrap_segment(self, segment: Any, fn: Callable[[list], Any]) -> Callable[[list], Any]: ...
-    def copy_(self, dst: torch.Tensor, src: torch.Tensor) -> None: ...
+    def copy_(self, dst: torch.Tensor, src: torch.Tensor, *, non_blocking: bool = False) -> None: ...
+    def run_op(self, op: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """One device op outside any segment (a host value's copy to the device, in the host split)."""
+
     def reading(self, values: Any) -> None: ...
 
     # -- measuring a candidate (tuning)
     def time(self, fn: Callable[[list], Any], args: list, iters: int) -> float:
         """Median seconds of one ``fn(list(args))`` call over ``iters`` calls, after one warm-up call."""
+
+
+class Recording(Protocol):
+    """One graph being recorded, step by step (CUDA's in :class:`_CudaRecording`, the simulator's SimGraph)."""
+
+    def capture_begin(self) -> None: ...
+    def capture_end(self) -> None: ...
+    def end_allocate_to_pool(self) -> None:
+        """End the allocator's capture into the pool; raises when it is not capturing into it."""
+
+    def release_pool(self) -> None:
+        """Give back the use of the pool that ``capture_begin`` took (a graph gives it back when destroyed, once
+        its capture ended)."""
+
+    def reset_generator(self) -> None:
+        """Take the default generator out of capture mode."""
+
+
+def record(recording: Recording, fn: Callable[[list], Any], args: list) -> Any:
+    """``fn(args)`` recorded into ``recording`` (on the current stream); ``fn``'s outputs.
+
+    Every failure, in ``capture_begin`` as much as in ``fn`` or ``capture_end``, is cleaned up before it is raised:
+    a stream capture still open is ended; if the allocator still captures into the pool, ``capture_begin`` took a
+    use of the pool that no graph will give back (only a graph whose capture ended does), so it is ended and
+    given back; the default generator is taken out of capture mode. Each clean-up step that finds nothing to do
+    (refused) is skipped."""
+    try:
+        recording.capture_begin()
+        outputs = fn(args)
+        recording.capture_end()
+    except BaseException:
+        with contextlib.suppress(Exception):
+            recording.capture_end()
+        try:
+            recording.end_allocate_to_pool()
+        except Exception:
+            pass  # capture_begin failed before the allocator captured into the pool, or capture_end ended it
+        else:
+            with contextlib.suppress(Exception):
+                recording.release_pool()
+        with contextlib.suppress(Exception):
+            recording.reset_generator()
+        raise
+    return outputs
+
+
+class _CudaRecording:
+    """A ``torch.cuda.CUDAGraph`` recorded into ``pool`` on device ``index`` (see :class:`Recording`)."""
+
+    def __init__(self, index: int, pool: Any) -> None:
+        self.index, self.pool = index, pool
+        self.graph = torch.cuda.CUDAGraph()
+
+    def capture_begin(self) -> None:
+        # thread_local errors (as CUDAGraph Trees use): CUDA calls of other threads (a DataLoader's pinning thread)
+        # are not affected by the capture
+        self.graph.capture_begin(self.pool, capture_error_mode="thread_local")
+
+    def capture_end(self) -> None:
+        self.graph.capture_end()
+
+    def end_allocate_to_pool(self) -> None:
+        torch._C._cuda_endAllocateToPool(self.index, self.pool)
+
+    def release_pool(self) -> None:
+        torch._C._cuda_releasePool(self.index, self.pool)
+
+    def reset_generator(self) -> None:
+        """A capture that draws one random number runs the default generator's capture prologue and epilogue on
+        its shared state (torch 2.11 registers the generator in ``capture_begin``; later versions when a random
+        op runs), without moving the offset eager random ops use or replacing the state other graphs hold."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            reset = torch.cuda.CUDAGraph()
+            reset.capture_begin(capture_error_mode="thread_local")
+            try:
+                torch.empty(1, device=torch.device("cuda", self.index)).uniform_()
+            finally:
+                reset.capture_end()
 
 
 class CudaRuntime:
@@ -98,33 +215,46 @@ class CudaRuntime:
     def capture(
         self, fn: Callable[[list], Any], args: list, *, pool: Any, stream: torch.cuda.Stream, device: torch.device
     ) -> tuple[torch.cuda.CUDAGraph, Any]:
-        """Record ``fn(args)`` on ``stream`` into a new CUDA graph allocating from ``pool``.
-
-        As ``torch.cuda.graph`` does, but the caller's stream is restored and the allocator's capture is
-        ended on every path: when ``fn`` raises or the capture is invalidated (an op that cannot be captured),
-        ``torch.cuda.graph`` would leave the thread on the capture stream and the pool open. Errors are
-        ``thread_local`` (as CUDAGraph Trees use): CUDA calls of other threads (a DataLoader's pinning
-        thread) are not affected by the capture.
-        """
+        """Record ``fn(args)`` on ``stream`` into a new CUDA graph allocating from ``pool`` (:func:`record`). As
+        ``torch.cuda.graph`` does, the device is synchronized first; the caller's stream is restored on every path."""
         index = cuda_index(device)
-        graph = torch.cuda.CUDAGraph()
         torch.cuda.synchronize(index)
+        recording = _CudaRecording(index, pool)
         with torch.cuda.stream(stream):
-            graph.capture_begin(pool, capture_error_mode="thread_local")
-            try:
-                outputs = fn(args)
-            except BaseException:
-                with contextlib.suppress(Exception):  # end the capture; fn's error is the one to raise
-                    _end_capture(graph, index, pool)
-                raise
-            _end_capture(graph, index, pool)
-        return graph, outputs
+            outputs = record(recording, fn, args)
+        return recording.graph, outputs
+
+    def capture_refusal(self, device: torch.device) -> str | None:
+        """PyTorch's caching allocator bypassed: a capture's allocations would not come from the graph's pool (torch
+        2.13's CUDAGraph Trees refuse it too; torch 2.11 has no switch to ask, only the environment variable)."""
+        enabled = getattr(torch._C, "_cuda_cudaCachingAllocator_is_enabled", None)
+        if config.torch_cuda_caching_disabled() or (enabled is not None and not enabled()):
+            return UNCACHED_ALLOCATOR
+        return None
+
+    def clear_blas_workspaces(self) -> None:
+        clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+        if clear is not None:
+            clear()
+
+    def pinned(self, t: torch.Tensor) -> torch.Tensor:
+        """A pinned view is copied too: it may be a view of a caller's pinned tensor, which the caller may write to
+        as soon as the call returns."""
+        if not t.is_pinned():
+            return t.pin_memory()
+        return t if t._base is None else self.pinned_copy(t)
+
+    def pinned_copy(self, t: torch.Tensor) -> torch.Tensor:
+        return torch.empty_like(t, pin_memory=True).copy_(t)
 
     def wrap_segment(self, segment: Any, fn: Callable[[list], Any]) -> Callable[[list], Any]:
         return fn
 
-    def copy_(self, dst: torch.Tensor, src: torch.Tensor) -> None:
-        dst.copy_(src)
+    def copy_(self, dst: torch.Tensor, src: torch.Tensor, *, non_blocking: bool = False) -> None:
+        dst.copy_(src, non_blocking=non_blocking)
+
+    def run_op(self, op: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return op(*args, **kwargs)
 
     def reading(self, values: Any) -> None:
         """``values`` are about to be read on the current stream (the simulator checks; nothing to do here)."""
@@ -142,26 +272,6 @@ class CudaRuntime:
             end.synchronize()
             times.append(start.elapsed_time(end) / 1e3)
         return statistics.median(times)
-
-
-def _end_capture(graph: torch.cuda.CUDAGraph, index: int, pool: Any) -> None:
-    """``graph.capture_end()``. When it fails (an invalidated capture), it has skipped its own clean-up, which
-    is done here: the allocator's capture into ``pool`` is ended, and the default generator's shared state
-    is taken out of capture mode (in torch 2.11 ``capture_begin`` sets a flag on it that only a successful
-    ``capture_end`` clears; left set, every later random op and every replay of another graph using random
-    numbers fails). An empty capture on the same stream runs that begin/end pair on the same state, without
-    moving its offset or replacing the state object other graphs hold."""
-    try:
-        graph.capture_end()
-    except BaseException:
-        with contextlib.suppress(Exception):  # not open any more: nothing to end
-            torch._C._cuda_endAllocateToPool(index, pool)
-        with contextlib.suppress(Exception), warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # "the CUDA graph is empty"
-            reset = torch.cuda.CUDAGraph()
-            reset.capture_begin(capture_error_mode="thread_local")
-            reset.capture_end()
-        raise
 
 
 class _NoStream:
@@ -211,13 +321,28 @@ class CpuRuntime:
         return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
 
     def capture(self, fn: Callable[[list], Any], args: list, *, pool: Any, stream: Any, device: torch.device) -> tuple:
-        raise RuntimeError("the CPU records no graphs: reduce-overhead runs the executor uncaptured there")
+        raise RuntimeError("the CPU records no graphs: reduce-overhead runs the executor uncaptured")
+
+    def capture_refusal(self, device: torch.device) -> str | None:
+        return f"reduce-overhead captures CUDA graphs; this graph runs on {device.type}"
+
+    def clear_blas_workspaces(self) -> None:
+        pass
+
+    def pinned(self, t: torch.Tensor) -> torch.Tensor:  # nothing is copied to a device
+        return t
+
+    def pinned_copy(self, t: torch.Tensor) -> torch.Tensor:
+        return t.clone()
 
     def wrap_segment(self, segment: Any, fn: Callable[[list], Any]) -> Callable[[list], Any]:
         return fn
 
-    def copy_(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+    def copy_(self, dst: torch.Tensor, src: torch.Tensor, *, non_blocking: bool = False) -> None:
         dst.copy_(src)
+
+    def run_op(self, op: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return op(*args, **kwargs)
 
     def reading(self, values: Any) -> None:
         pass

@@ -10,7 +10,8 @@ Host segments (placement "host", see passes/host_placement.py) run on the CPU li
 CUDA, a host value that one of host placement's copies sends to the device is pinned first, so the copy
 (``non_blocking=True``) is truly asynchronous; the caching host allocator keeps the pinned block until the
 copy has run. A graph input is always copied into a fresh pinned buffer first: the caller may write to its
-tensor as soon as the call returns, while the asynchronous copy may not have run yet. For reduce-overhead,
+tensor as soon as the call returns, while the asynchronous copy may not have run yet. (Pinning goes through the
+runtime: ``runtime.pinned`` and ``runtime.pinned_copy``.) For reduce-overhead,
 :class:`airgraph.runtime.host.HostSplit` runs the host work around the device work.
 """
 
@@ -59,7 +60,7 @@ def build_executor(
     if len(segments) == 1 and not segments[0].sync and not multi_stream and not to_pin:
         seg = segments[0]
         if seg.inputs == placeholders and seg.outputs == outputs and len(set(outputs)) == len(outputs):
-            return seg.compiled
+            return runtime.wrap_segment(seg, seg.compiled)  # the compiled callable itself, but for the simulator
 
     emitter = Emitter()
     names = {node: f"v{i}" for i, node in enumerate(nodes)}
@@ -76,7 +77,7 @@ def build_executor(
     outputs_set = set(outputs)
     for node in (n for n in placeholders if n in to_pin):  # the caller's tensor: always a new pinned copy
         pins[node] = f"{names[node]}_pinned"
-        body.append(f"    {pins[node]} = {emitter.bind(pinned_copy, 'pinned_copy')}({names[node]})")
+        body.append(f"    {pins[node]} = {emitter.bind(runtime.pinned_copy, 'pinned_copy')}({names[node]})")
     streams = _StreamCode(emitter, body, device, runtime, priorities or {}) if multi_stream else None
     if streams is not None:
         keep |= streams.cross_stream_values(steps, placeholders)
@@ -96,8 +97,8 @@ def build_executor(
             body.append(f"    {line}")
         for node in (n for n in seg.outputs if n in to_pin):
             pins[node] = f"{names[node]}_pinned"
-            pin = pinned_copy if node in outputs_set else pinned  # the caller's from now on: never shared
-            body.append(f"    {pins[node]} = {emitter.bind(pin, pin.__name__)}({names[node]})")
+            pin = "pinned_copy" if node in outputs_set else "pinned"  # the caller's from now on: never shared
+            body.append(f"    {pins[node]} = {emitter.bind(getattr(runtime, pin), pin)}({names[node]})")
         dead = [names[n] for n in frees.get(step, ()) if n not in keep]
         if dead:
             body.append(f"    del {', '.join(dead)}")
@@ -227,17 +228,3 @@ class _StreamCode:
         elif node.target is ops.EVENT_WAIT:
             self.body.append(f"    {stream}.wait_event({self.events[node.args[0]]})")
         # RECORD_STREAM: the tensor is kept alive until the join (cross_stream_values); nothing to emit.
-
-
-def pinned(t: torch.Tensor) -> torch.Tensor:
-    """``t`` (a value the graph computed) in pinned (page-locked) memory, for an asynchronous host-to-device copy.
-    A pinned view is copied too: it may be a view of a caller's pinned tensor, which the caller may write to
-    as soon as the call returns."""
-    if not t.is_pinned():
-        return t.pin_memory()
-    return t if t._base is None else pinned_copy(t)
-
-
-def pinned_copy(t: torch.Tensor) -> torch.Tensor:
-    """A new pinned copy of ``t`` (a caller's tensor, which may be written to once the call returns)."""
-    return torch.empty_like(t, pin_memory=True).copy_(t)

@@ -13,30 +13,30 @@ from typing import Any
 import torch
 
 from airgraph.graph.program import HostProgram, Transfer
-from airgraph.runtime import executor  # its pinning functions, looked up per call (tests stand in for them)
+from airgraph.runtime.device import CUDA, DeviceRuntime
 
 __all__ = ["HostSplit", "refill", "transfer"]
 
 
-def _source(t: Transfer, value: torch.Tensor) -> torch.Tensor:
+def _source(t: Transfer, value: torch.Tensor, runtime: DeviceRuntime) -> torch.Tensor:
     if not t.pin:
         return value
-    return executor.pinned_copy(value) if t.graph_input else executor.pinned(value)
+    return runtime.pinned_copy(value) if t.graph_input else runtime.pinned(value)
 
 
-def transfer(t: Transfer, value: torch.Tensor) -> torch.Tensor:
+def transfer(t: Transfer, value: torch.Tensor, runtime: DeviceRuntime = CUDA) -> torch.Tensor:
     """The graph's own copy op on ``value``: a new device tensor."""
-    return t.op(_source(t, value), *t.args, **t.kwargs)
+    return runtime.run_op(t.op, _source(t, value, runtime), *t.args, **t.kwargs)
 
 
-def refill(t: Transfer, buffer: torch.Tensor, value: torch.Tensor) -> None:
+def refill(t: Transfer, buffer: torch.Tensor, value: torch.Tensor, runtime: DeviceRuntime = CUDA) -> None:
     """Copy this call's ``value`` into the static ``buffer`` the CUDA graph reads, on the current stream."""
     if buffer.shape != value.shape:  # plan_host_work refuses data-dependent shapes; never broadcast
         raise RuntimeError(
             f"airgraph: host value for {t.name} has shape {tuple(value.shape)} but the CUDA graph was "
             f"recorded with {tuple(buffer.shape)}"
         )
-    buffer.copy_(_source(t, value), non_blocking=t.non_blocking)
+    runtime.copy_(buffer, _source(t, value, runtime), non_blocking=t.non_blocking)
 
 
 class HostSplit:
@@ -45,12 +45,18 @@ class HostSplit:
     Values live in slots: the graph inputs first, then the static results, then the per-call results.
     """
 
-    def __init__(self, program: HostProgram, device_fn: Callable[[list], Any]) -> None:
+    def __init__(self, program: HostProgram, device_fn: Callable[[list], Any], runtime: DeviceRuntime = CUDA) -> None:
         self._boxed_call = True  # an instance attribute, as GraphCapture's (see there)
         self.program = program
         self.device_fn = device_fn
+        self.runtime = runtime
         self.transfers = program.transfers
         self.last_run: tuple[list, list] | None = None
+        # Positions of the graph's CPU tensor inputs, as traced (the device part's first placeholders are the graph's).
+        placeholders = program.device_gm.graph.find_nodes(op="placeholder")
+        self.host_inputs = frozenset(
+            i for i, n in enumerate(placeholders) if isinstance(v := n.meta.get("val"), torch.Tensor) and v.is_cpu
+        )
 
     def run_static(self, args: list) -> list:
         """The static host values for these inputs' shape key."""
@@ -68,7 +74,7 @@ class HostSplit:
     def boundary(self, values: list) -> list:
         """The device part's extra inputs: each transfer's device copy, then each feed."""
         p = self.program
-        return [transfer(t, values[t.source]) for t in p.transfers] + [values[i] for i in p.feeds]
+        return [transfer(t, values[t.source], self.runtime) for t in p.transfers] + [values[i] for i in p.feeds]
 
     def assemble(self, device_outputs: list, values: list, *, clone_static: bool) -> list:
         """The graph outputs from the device part's outputs and the host values."""

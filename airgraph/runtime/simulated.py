@@ -1,10 +1,13 @@
-"""CUDA streams, events and graphs simulated on the CPU, with a happens-before race checker.
+"""CUDA streams, events and graphs simulated on the CPU, with a happens-before race checker and a model of the
+GPU state a capture touches.
 
 :class:`SimulatedCuda` is a device runtime (runtime/device.py) for CPU tensors. Given to
 ``AirgraphBackend(runtime=...)``, it makes a CPU graph run the CUDA paths: stream scopes split segments,
 the executor forks, waits and joins as it would on a GPU, and reduce-overhead captures and replays graphs.
-Work runs at once, in program order, on the CPU: results are the eager results whenever the CUDA logic is
-right, and the checker finds where it is not:
+With tensors placed on its device (:meth:`SimulatedCuda.to_device`; runtime/simulated_device.py), the graph is
+traced as a CUDA graph whose CPU tensors stand for CUDA ones, so host placement, the capture plan's CUDA checks
+and the host split around a replay run too. Work runs at once, in program order, on the CPU: results are the
+eager results whenever the CUDA logic is right, and the checker finds where it is not:
 
 - **ordering**: each stream keeps a vector clock; ``wait_stream`` / ``wait_event`` merge clocks as CUDA's
   waits order work. Each segment call is an access on the current stream: it reads its input tensors and
@@ -18,14 +21,28 @@ right, and the checker finds where it is not:
 - **joins**: after a call, the caller's stream must be ordered after all work of every other stream
   (:meth:`SimulatedCuda.call` checks).
 
-Graphs: ``capture`` runs the function once on the static buffers (as recording would allocate them) and
-puts back every tensor argument it mutated (a recording executes nothing); ``replay`` runs it again on the
-same buffers and writes its results into the recorded outputs, so kept outputs, buffers and pool memory
-behave as a replayed CUDA graph's do. Static input buffers start zeroed (CUDA's are uninitialized; zeros
-keep an index in range when the recording computes with them).
+A device synchronize (every capture begins with one) completes all work so far: accesses before it race with
+nothing after it, and memory it read may be freed.
+
+Graphs: ``capture`` follows device.py's :func:`~airgraph.runtime.device.record` with a
+:class:`~airgraph.runtime.simulated_state.SimGraph`, which models the allocator's pool use counts, the default
+generator's capture flag, the stream's capture and cuBLAS's per-(thread, stream) workspaces (simulated_state.py
+says how each fails); ops that synchronise with the host raise inside a recording. The recording runs the
+function once on the static buffers (as recording would allocate them) and puts back every tensor argument it
+mutated and the random state (a recording executes nothing); ``replay`` runs it again on the same buffers and
+writes its results into the recorded outputs, so kept outputs, buffers and pool memory behave as a replayed CUDA
+graph's do. Static input buffers start zeroed (CUDA's are uninitialized; zeros keep an index in range when the
+recording computes with them); they are allocations the lifetime checker follows.
 
 Problems are collected in :attr:`SimulatedCuda.problems`; ``check()`` raises :class:`StreamRaceError` with
 all of them.
+
+(Past 400 lines: the runtime and its checker share every access; the GPU state it models and its simulated device
+are apart, in simulated_state.py and simulated_device.py.)
+
+(Over 400 lines because the checker's rules and the GPU state it models are documented here in full, beside the
+one class that implements them; the state itself lives in simulated_state.py, the simulated device in
+simulated_device.py.)
 """
 
 from __future__ import annotations
@@ -41,9 +58,19 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from airgraph.runtime.capture import _expanded_dims, _one_per_expanded, _storage
+from airgraph.runtime.device import UNCACHED_ALLOCATOR, record
+from airgraph.runtime.outputs import expanded_dims, one_per_expanded, storage
+from airgraph.runtime.simulated_device import DeviceFunctions, DeviceOps, Placement, device_to_host
+from airgraph.runtime.simulated_state import (
+    BREAK_POINTS,
+    Allocator,
+    Generator,
+    SimGraph,
+    SimulatedCudaError,
+    Workspaces,
+)
 
-__all__ = ["SimEvent", "SimGraph", "SimStream", "SimulatedCuda", "StreamRaceError"]
+__all__ = ["SimEvent", "SimGraph", "SimStream", "SimulatedCuda", "SimulatedCudaError", "StreamRaceError"]
 
 
 class StreamRaceError(AssertionError):
@@ -90,22 +117,6 @@ class SimEvent:
         self.clock = dict(stream.clock)
 
 
-class SimGraph:
-    """A recorded function: ``replay`` runs it on the recorded arguments, into the recorded outputs."""
-
-    def __init__(self, runtime: SimulatedCuda, fn: Callable[[list], Any], args: list, outputs: Any) -> None:
-        self.runtime, self.fn, self.args, self.outputs = runtime, fn, args, outputs
-        self.replays = 0
-
-    def replay(self) -> None:
-        self.replays += 1
-        fresh = self.fn(list(self.args))
-        for kept, new in zip(self.outputs, fresh, strict=True):
-            if isinstance(kept, torch.Tensor) and kept is not new:
-                with torch.no_grad():
-                    self.runtime.copy_(kept, new)  # the recorded kernels write the recorded outputs
-
-
 class _Accesses:
     """One storage's history since it was allocated: the last write and the reads after it, per stream."""
 
@@ -127,19 +138,33 @@ class SimulatedCuda:
     LAUNCH_SECONDS = 5e-6
     BYTES_PER_SECOND = 2e12
 
-    def __init__(self) -> None:
+    def __init__(self, *, reset_clears_stream_workspaces: bool = True, caching_allocator: bool = True) -> None:
+        """``reset_clears_stream_workspaces``: destroying a graph frees the cuBLAS workspaces of its capture stream
+        (torch 2.13 does, 2.11 does not; False: torch 2.11). ``caching_allocator``: False stands for
+        ``PYTORCH_NO_CUDA_MEMORY_CACHING=1``."""
         self.problems: list[str] = []
-        self._default = SimStream("default")
+        self.default_stream = SimStream("default")
         self._local = threading.local()
         self._side: dict[tuple[str, Any], SimStream] = {}
         self._history: dict[int, _Accesses] = {}
         self._live: dict[int, int] = {}  # storage -> live tensor objects the checker follows
-        self._in_call = self._recording = False
-        self.streams: list[SimStream] = [self._default]
+        self._completed: dict[int, int] = {}  # stream id -> its operations completed by a device synchronize
+        self._in_call = False
+        self.streams: list[SimStream] = [self.default_stream]
+        # The GPU state a capture touches (simulated_state.py).
+        self.allocator, self.generator, self.workspaces = Allocator(), Generator(), Workspaces()
+        self.capturing: dict[int, SimGraph] = {}  # stream id -> the graph capturing on it
+        self.recording: SimGraph | None = None  # the graph whose recording is running its function
+        self.replaying = False
+        self.break_capture_at: str | None = None  # one of BREAK_POINTS: the next capture fails there, once
+        self.reset_clears_stream_workspaces = reset_clears_stream_workspaces
+        self.caching_allocator = caching_allocator
+        self.placement = Placement()
+        self._device_ops = DeviceOps(self)
 
     # -- streams and events ------------------------------------------------------------------------------
     def current_stream(self, device: Any = None) -> SimStream:
-        return getattr(self._local, "stream", None) or self._default
+        return getattr(self._local, "stream", None) or self.default_stream
 
     def side_stream(self, tag: str, device: Any = None, priority: int = 0) -> SimStream:
         if (tag, str(device)) not in self._side:
@@ -165,7 +190,7 @@ class SimulatedCuda:
 
     def record_stream(self, tensor: torch.Tensor, stream: SimStream) -> None:
         """Like ``Tensor.record_stream``: the storage's free is ordered after ``stream``'s work so far."""
-        history = self._history.get(_storage(tensor))
+        history = self._history.get(storage(tensor))
         if history is not None:
             history.recorded.add(stream.id)
 
@@ -177,36 +202,101 @@ class SimulatedCuda:
             fn(list(args))
         return cost.seconds
 
+    # -- the simulated device's memory ----------------------------------------------------------------------
+    def to_device(self, *values: Any) -> Any:
+        """Place tensors (a module: its parameters and buffers) on the simulated device: compiled functions called
+        under :meth:`call` trace them as CUDA tensors (runtime/simulated_device.py). Returns the value (or values)."""
+        for value in values:
+            self.placement.place(value)
+        return values[0] if len(values) == 1 else values
+
+    def pinned(self, t: torch.Tensor) -> torch.Tensor:
+        """Stands for pinned memory: a copy (which a later write to ``t`` does not reach), like ``pin_memory()``."""
+        return self.pinned_copy(t)
+
+    def pinned_copy(self, t: torch.Tensor) -> torch.Tensor:
+        return t.clone()
+
+    def synchronize(self) -> None:
+        """The host waits for every stream: all work so far is complete."""
+        self._completed = {stream.id: stream.clock[stream.id] for stream in self.streams}
+
     # -- graphs ------------------------------------------------------------------------------------------
     def pool_handle(self) -> object:
         return object()
 
     def static_buffer(self, t: torch.Tensor) -> torch.Tensor:
         buffer = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
-        _one_per_expanded(buffer, _expanded_dims(buffer)).zero_()
+        one_per_expanded(buffer, expanded_dims(buffer)).zero_()
+        stream = self.current_stream()
+        self._allocated(buffer, stream, stream.tick(), "a static input buffer")
         return buffer
 
     def capture(self, fn: Callable[[list], Any], args: list, *, pool: Any, stream: SimStream, device: Any) -> tuple:
+        """Record ``fn(args)`` into a SimGraph (device.py's :func:`record`, as CUDA's capture). The device is
+        synchronized first; the arguments ``fn`` mutated and the random state are put back after."""
+        self.synchronize()
         saved = [(a, a.clone()) for a in args if isinstance(a, torch.Tensor)]
         rng = torch.get_rng_state()  # nor does it draw random numbers
-        self._recording = True  # a recording executes nothing: its accesses are not checked
+        graph = SimGraph(self, pool, fn, args)
+
+        def recorded(values: list) -> Any:
+            self.recording = graph  # a recording executes nothing: its accesses are not checked
+            try:
+                outputs = fn(values)
+                if self.break_capture_at == "recording":
+                    graph.invalidated = "the recording failed (break_capture_at)"
+                self.breaks("recording")
+            finally:
+                self.recording = None
+            return outputs
+
         try:
             with self.use(stream):
-                outputs = fn(list(args))
+                graph.outputs = record(graph, recorded, list(args))
         finally:
-            self._recording = False
-        torch.set_rng_state(rng)
-        with torch.no_grad():
-            for tensor, before in saved:
-                _copy_memory(tensor, before)
-        return SimGraph(self, fn, args, outputs), outputs
+            torch.set_rng_state(rng)
+            with torch.no_grad():
+                for tensor, before in saved:
+                    _copy_memory(tensor, before)
+        return graph, graph.outputs
 
-    def copy_(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+    @contextlib.contextmanager
+    def _ops(self) -> Iterator[None]:
+        """The simulated device runs the ops inside (runtime/simulated_device.py)."""
+        with DeviceFunctions(), self._device_ops:
+            yield
+
+    def breaks(self, point: str) -> None:
+        """The capture step ``point`` fails here if a test asked it to (once)."""
+        assert point in BREAK_POINTS, point
+        if self.break_capture_at == point:
+            self.break_capture_at = None
+            raise SimulatedCudaError(f"capture broken at '{point}' (SimulatedCuda.break_capture_at)")
+
+    def capture_refusal(self, device: Any) -> str | None:
+        return None if self.caching_allocator else UNCACHED_ALLOCATOR
+
+    def clear_blas_workspaces(self) -> None:
+        self.workspaces.clear()
+
+    def copy_(self, dst: torch.Tensor, src: torch.Tensor, *, non_blocking: bool = False) -> None:
         stream = self.current_stream()
         stamp = stream.tick()
         self._access(src, stream, stamp, "a copy", write=False)
         self._access(dst, stream, stamp, "a copy", write=True)
-        _copy_memory(dst, src)
+        with self._ops():
+            _copy_memory(dst, src)
+
+    def run_op(self, op: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """A device op outside any segment (the host split's copies to the device): a new device value."""
+        stream = self.current_stream()
+        stamp = stream.tick()
+        with self._ops():
+            out = op(*args, **kwargs)
+        if isinstance(out, torch.Tensor):
+            self._allocated(out, stream, stamp, f"{op}")
+        return out
 
     def reading(self, values: Any) -> None:
         stream = self.current_stream()
@@ -219,11 +309,13 @@ class SimulatedCuda:
     @contextlib.contextmanager
     def call(self) -> Iterator[None]:
         """Around one call of a compiled function: frees inside are checked, and at the end every stream's
-        work must be joined into the caller's stream."""
+        work must be joined into the caller's stream. Tensors placed on the simulated device are traced as CUDA
+        tensors when the call compiles (:meth:`to_device`)."""
         before = {stream.id: stream.clock[stream.id] for stream in self.streams}
         self._in_call = True
         try:
-            yield
+            with self.placement.tracing():
+                yield
         finally:
             self._in_call = False
         caller = self.current_stream()
@@ -242,10 +334,15 @@ class SimulatedCuda:
         label = (
             f"segment {segment.id} ({', '.join(n.name for n in segment.nodes[:3])}{', ...' * (len(segment.nodes) > 3)})"
         )
+        to_host = next((n for n in segment.nodes if device_to_host(n)), None)
 
         def run(args: list) -> Any:
-            if self._recording:
-                return fn(args)
+            if self.recording is not None:
+                if to_host is not None:  # a copy to pageable host memory waits for the device
+                    self.recording.invalidated = f"{to_host.name} = {to_host.target} copies a device value to the host"
+                    raise SimulatedCudaError(f"operation not permitted when stream is capturing: {to_host.name}")
+                with self._ops():
+                    return fn(args)
             stream = self.current_stream()
             stamp = stream.tick()
             inputs = list(args)
@@ -253,15 +350,16 @@ class SimulatedCuda:
                 if isinstance(value, torch.Tensor):
                     self._access(value, stream, stamp, label, write=i in written)
             versions = [v._version if isinstance(v, torch.Tensor) else None for v in inputs]
-            outputs = fn(args)
+            with self._ops():
+                outputs = fn(args)
             for i, (value, version) in enumerate(zip(inputs, versions, strict=True)):
                 if version is not None and value._version != version and i not in written:
                     # a write the executor's analysis (written_inputs) did not see: it ordered nothing for it
                     self.problems.append(f"{label} writes its input {i} in place, unknown to the executor")
                     self._access(value, stream, stamp, label, write=True)
-            storages_in = {_storage(v) for v in inputs if isinstance(v, torch.Tensor)}
+            storages_in = {storage(v) for v in inputs if isinstance(v, torch.Tensor)}
             for value in outputs if isinstance(outputs, (list, tuple)) else ():
-                if isinstance(value, torch.Tensor) and _storage(value) not in storages_in:
+                if isinstance(value, torch.Tensor) and storage(value) not in storages_in:
                     self._allocated(value, stream, stamp, label)
             return outputs
 
@@ -271,7 +369,7 @@ class SimulatedCuda:
     def _allocated(self, tensor: torch.Tensor, stream: SimStream, stamp: tuple[int, int], label: str) -> None:
         if not tensor.untyped_storage().nbytes():
             return
-        key = _storage(tensor)
+        key = storage(tensor)
         if key not in self._history or self._live.get(key, 0) == 0:
             self._history[key] = _Accesses(stream)
             self._history[key].write = (stream, stamp, label)
@@ -281,13 +379,13 @@ class SimulatedCuda:
     def _access(self, tensor: torch.Tensor, stream: SimStream, stamp: tuple[int, int], label: str, *, write: bool):
         if not tensor.untyped_storage().nbytes():
             return
-        history = self._history.setdefault(_storage(tensor), _Accesses(None))
+        history = self._history.setdefault(storage(tensor), _Accesses(None))
         what = "writes" if write else "reads"
         earlier = [history.write] if history.write else []
         if write:
             earlier += list(history.reads.values())
         for other, at, by in earlier:
-            if other is not stream and not stream.after(at):
+            if other is not stream and not stream.after(at) and not self._complete(at):
                 self.problems.append(f"race: {label} on {stream} {what} memory that {by} on {other} uses, unordered")
         if write:
             history.write, history.reads = (stream, stamp, label), {}
@@ -302,7 +400,7 @@ class SimulatedCuda:
         if history is None or history.producer is None:
             return
         for other, at, by in history.reads.values():
-            if other is history.producer or other.id in history.recorded:
+            if other is history.producer or other.id in history.recorded or self._complete(at):
                 continue
             if not history.producer.after(at):
                 self.problems.append(
@@ -310,11 +408,15 @@ class SimulatedCuda:
                     "read it (keep it until the streams join, or record_tagged_stream)"
                 )
 
+    def _complete(self, stamp: tuple[int, int]) -> bool:
+        """Whether the operation ``stamp`` was complete at the last device synchronize."""
+        return self._completed.get(stamp[0], 0) >= stamp[1]
+
 
 def _copy_memory(dst: torch.Tensor, src: torch.Tensor) -> None:
     """``src`` into ``dst`` (same layout), an expanded one (stride 0) over the memory it really has, once."""
-    dims = _expanded_dims(dst)
-    _one_per_expanded(dst, dims).copy_(_one_per_expanded(src, dims))
+    dims = expanded_dims(dst)
+    one_per_expanded(dst, dims).copy_(one_per_expanded(src, dims))
 
 
 class _CostModel(TorchDispatchMode):

@@ -31,7 +31,7 @@ def test_graph_break_names_it_and_the_line(tmp_path):
     out = tmp_path / "out"
     with pytest.raises(ExportError, match="graph break") as info:
         airgraph.dynamo_export(torch.randn(3, 4), model=GraphBreak(), export_path=out)
-    assert info.value.kind == "graph break"
+    assert info.value.reason == "graph break"
     assert info.value.source == f"{MODELS_FILE}:{line_of('GRAPH_BREAK_LINE')}"
     assert info.value.source in str(info.value) and "graph_break()" in str(info.value)
     assert not out.exists() and not _leftovers(tmp_path)  # nothing written, not even the folder
@@ -48,7 +48,7 @@ def test_data_dependent_control_flow_names_it_and_the_line(tmp_path):
 def test_unsupported_op_names_it_and_the_line(tmp_path):
     with pytest.raises(ExportError, match=r"unsupported op airgraph_export_test\.mystery") as info:
         airgraph.dynamo_export(torch.randn(3, 4), model=Unlowerable(), export_path=tmp_path / "out")
-    assert info.value.kind == "unsupported op" and info.value.op == "airgraph_export_test.mystery.default"
+    assert info.value.reason == "unsupported op" and info.value.op == "airgraph_export_test.mystery.default"
     assert info.value.source == f"{MODELS_FILE}:{line_of('UNLOWERABLE_LINE')}"
     assert not (tmp_path / "out").exists()
 

@@ -10,6 +10,8 @@ from airgraph.export.runner import run_export
 from airgraph.models import build_tiny_llama, prefill_inputs
 from tests.export.export_models import read_metadata, run_without_torch, save_npz
 
+pytestmark = pytest.mark.slow  # multi-process exports / Inductor compiles of the tiny LLaMA
+
 SIZES = [(1, 3), (3, 5), (4, 16)]  # (batch, seq_len) other than the example's (2, 8)
 
 

@@ -19,6 +19,8 @@ from airgraph.export.atc_config import model_relation_config, numa_config
 from airgraph.export.runner import RunError, find_mpiexec
 from tests.export.export_models import run_without_torch
 
+pytestmark = pytest.mark.slow  # multi-process exports / Inductor compiles of the tiny LLaMA
+
 WORLD = 2
 SEED_FILES = {
     "mp_rank0.onnx",

@@ -44,7 +44,7 @@ def test_without_the_pass_torch_onnx_refuses_the_view(tmp_path, monkeypatch, mer
     monkeypatch.setattr(convert, "contiguous_view_inputs", lambda gm: PassResult())
     with pytest.raises(ExportError, match="Cannot view a tensor") as info:
         airgraph.dynamo_export(torch.randn(2, 7, 32), model=BiasedAttention(merge).eval(), export_path=tmp_path)
-    assert info.value.kind == "conversion failed" and "aten.view.default" in str(info.value)
+    assert info.value.reason == "conversion failed" and "aten.view.default" in str(info.value)
     if merge == "reshape":
         assert info.value.source == f"{export_models.__file__}:{line_of('MERGE_HEADS_LINE')}"
         assert "y.reshape(b, n, -1)" in str(info.value)

@@ -8,8 +8,9 @@ import torch
 from google.protobuf import text_format
 
 import airgraph
+from airgraph.export.check import load_export
 from airgraph.export.layout import weight_file_names
-from airgraph.export.runner import load_export, run_export
+from airgraph.export.runner import run_export
 from tests.export.export_models import Stacked
 
 TORCH_NODE_KEYS = ("namespace", "pkg.torch.onnx.name_scopes", "pkg.torch.onnx.class_hierarchy")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
 import torch
 from torch._guards import TracingContext, tracing
 from torch._inductor.utils import get_donated_idxs
@@ -64,6 +65,7 @@ def test_memory_another_segment_reads_or_returns_is_not_donated():
         assert donated_inputs([first, second, third], placeholders) == {}
 
 
+@pytest.mark.slow
 def test_training_with_donated_buffers_matches_eager():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))

@@ -48,7 +48,7 @@ def test_one_segment_is_the_executor_itself():
         torch.testing.assert_close(got, want)
 
 
-@pytest.mark.parametrize("backend", ["aten", "interpreter", "inductor"])
+@pytest.mark.parametrize("backend", ["aten", "interpreter", pytest.param("inductor", marks=pytest.mark.slow)])
 def test_segments_split_at_key_changes_and_executor_matches_eager(backend):
     gm, args = traced()
     annotate(gm, {aten.cos.default: "s1", aten.relu.default: "s1"})
@@ -134,3 +134,19 @@ def test_inplace_only_on_dying_fresh_values():
         torch.testing.assert_close(got, want)
     torch.testing.assert_close(x, x_before)  # graph inputs are never written
     torch.testing.assert_close(y, y_before)
+
+
+def test_a_lone_segment_reading_inputs_out_of_order_is_still_the_executor():
+    """The segment's inputs follow the graph's input order, so no wrapper frame only reorders arguments."""
+
+    def reversed_use(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor]:
+        return (torch.cos(y) * x,)  # a tuple, as AOTAutograd's graphs return
+
+    args = (torch.randn(4), torch.randn(4))
+    gm = make_fx(reversed_use, tracing_mode="fake")(*args)
+    (segment,) = partition(gm)
+    assert [n.name for n in segment.inputs] == [n.name for n in gm.graph.find_nodes(op="placeholder")]
+    lower_all([segment])
+    run = build_executor(gm, [segment], CPU)
+    assert run is segment.compiled
+    torch.testing.assert_close(run(list(args))[0], reversed_use(*args)[0])

@@ -8,11 +8,11 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from airgraph.config import CompilerConfig
+from airgraph.graph.fake_guard import fake_cuda_guard
 from airgraph.lowering.capture_plan import find_uncapturable
 from airgraph.passes import CompileContext, run_pipeline
 from airgraph.passes.host_placement import host_placement
 from airgraph.report.explain import plan
-from airgraph.report.fake import fake_cuda_guard
 from airgraph.report.schema import GraphReport
 from tests.helpers import make_config
 

@@ -15,7 +15,8 @@ from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 from airgraph.lowering.capture_plan import find_uncapturable
 from airgraph.models import build_tiny_llama, decode_inputs, prefill_inputs
-from airgraph.runtime.simulated import SimulatedCuda
+from airgraph.runtime.capture import CaptureState
+from airgraph.runtime.simulated import SimGraph, SimulatedCuda
 from tests.helpers import assert_close, compile_with
 
 # -- CPU: deciding what can be captured ----------------------------------------------------------------------
@@ -75,6 +76,18 @@ class Target:
         if self.runtime is not None:
             self.runtime.check()
 
+    def new_stream(self):
+        return self.runtime.new_stream(name="caller's side stream") if self.runtime else torch.cuda.Stream()
+
+    def use(self, stream):
+        return self.runtime.use(stream) if self.runtime else torch.cuda.stream(stream)
+
+    def current_stream(self):
+        return self.runtime.current_stream() if self.runtime else torch.cuda.current_stream()
+
+    def graph_class(self) -> type:
+        return SimGraph if self.runtime else torch.cuda.CUDAGraph
+
 
 @pytest.fixture(params=["simulated", pytest.param("cuda", marks=pytest.mark.cuda)])
 def target(request):
@@ -131,18 +144,23 @@ def test_capture_limit_runs_new_keys_uncaptured_with_one_warning(caplog, target)
     assert len(warnings) == 1
 
 
-def test_moved_parameter_recaptures(target):
+def test_a_moved_parameter_is_recorded_again_and_replayed(target, captures):
+    """The old graph is dropped when the key records again; the pool it shared must stay usable (a graph pool
+    whose use count dropped to zero refuses the next capture: the simulator models the count)."""
     model = mlp(target.device)
     compiled, backend = target.compile(model, mode="reduce-overhead", kernel_backend="aten")
     x = torch.randn(4, 16, device=target.device)
     with torch.no_grad():
-        compiled(x)
-        compiled(x)
-        new_weight = torch.randn_like(model[0].weight)
-        model[0].weight = nn.Parameter(new_weight)  # new storage: the recorded address is stale
-        for _ in range(3):
+        compiled(x)  # warm-up, then recorded
+        compiled(x)  # replayed
+        model[0].weight.data = torch.randn_like(model[0].weight)  # new storage: the recorded address is stale
+        for _ in range(3):  # recorded again, then replayed twice
             assert_close(compiled(x), model(x))
-    assert backend.reports[0].recaptures >= 1 or len(backend.reports) > 1
+    (report,) = backend.reports
+    assert report.uncaptured_reason is None, report.uncaptured_reason
+    assert report.captured and report.capture_keys == 1 and report.recaptures == 1
+    (entry,) = captures[0]._keys.values()
+    assert entry.state is CaptureState.CAPTURED and entry.replays == 3
 
 
 def test_uncapturable_op_runs_uncaptured_with_one_log_line(caplog, target):
@@ -163,34 +181,48 @@ def test_uncapturable_op_runs_uncaptured_with_one_log_line(caplog, target):
     assert sum("_local_scalar_dense" in r.getMessage() for r in caplog.records) == 1
 
 
-def test_mutated_user_input_is_copied_back(target):
+def test_mutated_user_input_is_copied_back(target, captures):
     def fn(state: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         state.mul_(0.5).add_(x)
         return state.sum()
 
-    compiled, _ = target.compile(fn, mode="reduce-overhead", kernel_backend="aten")
+    compiled, backend = target.compile(fn, mode="reduce-overhead", kernel_backend="aten")
     state, ref_state = torch.ones(8, device=target.device), torch.ones(8, device=target.device)
     with torch.no_grad():
         for _ in range(4):
             x = torch.randn(8, device=target.device)
             assert_close(compiled(state, x), fn(ref_state, x))
             assert_close(state, ref_state)
+    (report,) = backend.reports
+    assert report.captured and report.capture_keys == 1
+    (entry,) = captures[0]._keys.values()
+    # the caller's state has a static buffer, copied back after each of the three replays
+    assert entry.replays == 3 and entry.copy_back == (0,) and entry.static_args[0] is not state
 
 
-@pytest.mark.cuda
-def test_caller_stream_is_honoured():
-    model = mlp()
-    compiled, _ = compile_with(model, mode="reduce-overhead", kernel_backend="aten")
-    x = torch.randn(4, 16, device="cuda")
-    side = torch.cuda.Stream()
+def test_caller_stream_is_honoured(target, monkeypatch):
+    model = mlp(target.device)
+    compiled, _ = target.compile(model, mode="reduce-overhead", kernel_backend="aten")
+    x = torch.randn(4, 16, device=target.device)
+    side = target.new_stream()
+    replayed_on = []
+    graph_class = target.graph_class()
+    replay = graph_class.replay
+
+    def spy(graph) -> None:
+        replayed_on.append(target.current_stream())
+        replay(graph)
+
+    monkeypatch.setattr(graph_class, "replay", spy)
     with torch.no_grad():
         compiled(x)
         compiled(x)
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
+        side.wait_stream(target.current_stream())
+        with target.use(side):
             out = compiled(x)
-        torch.cuda.current_stream().wait_stream(side)
+        target.current_stream().wait_stream(side)
     assert_close(out, model(x))
+    assert replayed_on[-2:] == [target.current_stream(), side]  # the replay ran on the caller's current stream
 
 
 @pytest.mark.parametrize("kernel_backend", ["aten", "inductor"])

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-import airgraph.runtime.executor as executor
 from airgraph.models import build_tiny_llama, decode_inputs
+from airgraph.runtime.device import CudaRuntime
 from tests.helpers import assert_close, compile_with
 from tests.passes.test_host_placement import fragment
 from tests.test_plan import hf_positions
@@ -66,13 +66,13 @@ def test_hf_position_arithmetic_matches_eager_with_dynamic_shapes(kernel_backend
 
 
 def test_host_to_device_copies_come_from_pinned_memory(monkeypatch):
-    sources, real = [], executor.pinned
+    sources, real = [], CudaRuntime.pinned
 
-    def record(t: torch.Tensor) -> torch.Tensor:
-        sources.append(real(t))
+    def record(self, t: torch.Tensor) -> torch.Tensor:
+        sources.append(real(self, t))
         return sources[-1]
 
-    monkeypatch.setattr(executor, "pinned", record)  # looked up when the executor is built
+    monkeypatch.setattr(CudaRuntime, "pinned", record)  # looked up when the executor is built
     compiled, _ = compile_with(shape_positions, kernel_backend="aten")
     x = torch.randn(6, 3, device="cuda")
     assert_close(compiled(x), shape_positions(x))
@@ -171,3 +171,14 @@ def test_host_placement_off_gives_the_same_results(scalar_outputs):
     x = torch.randn(4, 6, device="cuda")
     assert_close(on(x), off(x))
     assert not host_nodes(backend)
+
+
+@pytest.mark.parametrize("kernel_backend", ["aten", "inductor"])
+def test_seed_fragment_is_captured_with_its_host_work_once_per_key(kernel_backend, scalar_outputs):
+    compiled, backend = compile_with(fragment, mode="reduce-overhead", kernel_backend=kernel_backend)
+    for shape in [(4, 6)] * 3 + [(3, 8)] * 3:
+        x = torch.randn(shape, device="cuda")
+        assert_close(compiled(x), fragment(x))
+    for report in backend.reports:
+        assert report.captured and report.uncaptured_reason is None
+        assert report.host_prologue["static"] and not report.host_prologue["per_call"]

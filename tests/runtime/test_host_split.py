@@ -1,8 +1,8 @@
-"""reduce-overhead with host work, on the CPU machine: the split and the capture flow on fake CUDA tensors.
-
-Values cannot be checked without a GPU (test_host_capture.py does that); these tests check the wiring: which
-host work runs when, which buffers a replay refills, and how outputs are put together.
-"""
+"""reduce-overhead with host work, run end to end on the simulator: tensors placed on its device are traced as CUDA
+tensors (runtime/simulated_device.py), so host placement moves work to the host, the capture plan splits it off
+and GraphCapture runs it around the replays (static work once per key, per-call work and its copies to the device
+before every replay), with CPU tensors standing for CUDA ones. Results are compared with eager, accesses are
+race-checked; test_host_capture.py runs the same on a GPU."""
 
 from __future__ import annotations
 
@@ -10,30 +10,21 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
-from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-import airgraph.runtime.capture as capture_module
-import airgraph.runtime.executor as executor
+from airgraph.graph.fake_guard import fake_cuda_guard
 from airgraph.lowering.capture_plan import find_uncapturable, plan_host_work
-from airgraph.lowering.host_split import split_host_work
-from airgraph.lowering.partition import partition
+from airgraph.models import build_tiny_llama, decode_inputs
 from airgraph.passes import run_pipeline
-from airgraph.report.fake import fake_cuda_guard
-from airgraph.report.schema import GraphReport
-from airgraph.runtime.capture import CaptureState, GraphCapture, MemoryPool
-from airgraph.runtime.device import CUDA
+from airgraph.runtime.capture import CaptureState
 from airgraph.runtime.host import HostSplit
 from airgraph.runtime.simulated import SimulatedCuda
-from tests.helpers import graph_request, lower_all
-from tests.passes.test_host_placement import context
-
-DEVICE = torch.device("cuda")
+from tests.helpers import assert_close, compile_with
+from tests.passes.test_host_placement import context, fragment
 
 
-def build_host_split(gm: torch.fx.GraphModule) -> HostSplit:
-    """The host split the backend builds for ``gm`` (aten kernels), its device part run by CUDA's executor."""
-    program = split_host_work(gm, graph_request("aten", device="cuda"))
-    return HostSplit(program, executor.build_executor(program.device_gm, program.device_segments, DEVICE, runtime=CUDA))
+def run(sim: SimulatedCuda, compiled, *args):
+    with sim.call():
+        return compiled(*args)
 
 
 def gather_rows(x: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -42,21 +33,11 @@ def gather_rows(x: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, t
     return x[index.to(x.device)] * ramp.sum(), index
 
 
-@pytest.fixture
-def traced(monkeypatch: pytest.MonkeyPatch):
-    """gather_rows traced on fake CUDA inputs and placed; its fake mode and inputs."""
-    monkeypatch.setattr(executor, "pinned", lambda t: t)  # fake CPU tensors cannot be pinned
+def test_host_work_is_classified_static_or_per_call():
     with fake_cuda_guard():
-        mode = FakeTensorMode(allow_non_fake_inputs=True)
-        with mode:
-            x, lengths = torch.empty(4, 3, device="cuda"), torch.zeros(4, dtype=torch.long)
-            gm = make_fx(gather_rows)(x, lengths)
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            gm = make_fx(gather_rows)(torch.empty(4, 3, device="cuda"), torch.zeros(4, dtype=torch.long))
         run_pipeline(gm, context())
-        yield gm, mode, [x, lengths]
-
-
-def test_host_work_is_classified_static_or_per_call(traced):
-    gm, _, _ = traced
     assert find_uncapturable(gm) is None
     plan = plan_host_work(gm)
     assert plan.problem is None
@@ -65,79 +46,87 @@ def test_host_work_is_classified_static_or_per_call(traced):
     assert len(plan.transfers) == 2 and not plan.feeds
 
 
-def test_host_split_wires_host_values_around_the_device_part(traced):
-    gm, mode, inputs = traced
-    with fake_cuda_guard():
-        split = build_host_split(gm)
-        assert sorted((t.static, t.pin) for t in split.transfers) == [(False, True), (True, True)]
-        assert [where for where, _ in split.program.recipe] == ["device", "host"]
-        with mode:
-            statics = split.run_static(list(inputs))
-            values = [*inputs, *statics, *split.run_per_call(list(inputs), statics)]
-            out = split.device_fn([*inputs, *split.boundary(values)])
-            pieces = split.assemble(list(out), values, clone_static=True)
-            whole = split(list(inputs))
-    for got in (pieces, whole):
-        assert got[0].device.type == "cuda" and got[0].shape == (4, 3)
-        assert got[1].device.type == "cpu" and got[1].shape == (4,)
+@pytest.fixture
+def scalar_outputs():
+    torch._dynamo.config.capture_scalar_outputs = True
+    yield
+    torch._dynamo.config.capture_scalar_outputs = False
 
 
-class _Graph:
-    replays = 0
+def test_seed_fragment_runs_its_host_work_once_per_key_around_the_replays(scalar_outputs, captures):
+    """Seed 003's Shape -> Gather -> Concat -> Reshape: on the host, once per shape key; the reshape replayed."""
+    sim = SimulatedCuda()
+    compiled, backend = compile_with(fragment, runtime=sim, mode="reduce-overhead", kernel_backend="aten")
+    for shape in [(4, 6)] * 3 + [(3, 8)] * 3:
+        x = sim.to_device(torch.randn(shape))
+        assert_close(run(sim, compiled, x), fragment(x))
+    sim.check()
+    assert len(backend.reports) == 2  # one graph per shape (static shapes)
+    for report, capture in zip(backend.reports, captures, strict=True):
+        assert report.device == "cuda:0" and report.captured and report.uncaptured_reason is None
+        assert report.host_placement["syncs_removed"] >= 2
+        assert {"gather", "cat", "_local_scalar_dense"} <= set(report.host_prologue["static"])
+        assert not report.host_prologue["per_call"]
+        assert [s.placement for s in report.segments] == ["host", "device"]
+        (entry,) = capture._keys.values()
+        assert entry.state is CaptureState.CAPTURED and entry.replays == 2
 
-    def replay(self) -> None:
-        _Graph.replays += 1
+
+def test_dynamic_tiny_llama_decode_is_captured_with_per_call_transfers(captures):
+    """Dynamic positions: Dynamo passes the model's float constants as CPU scalars, which host placement sends to
+    the device; in reduce-overhead they are per-call host values copied into the graph's buffers before each
+    replay, and the positions (a device input) are copied into their static buffer."""
+    sim = SimulatedCuda()
+    model = sim.to_device(build_tiny_llama("micro", seed=0))
+    reference = build_tiny_llama("micro", seed=0)
+    compiled, backend = compile_with(model, runtime=sim, mode="reduce-overhead", kernel_backend="aten", dynamic=True)
+    with torch.no_grad():
+        for step in range(6):
+            tokens, pos = sim.to_device(*decode_inputs(model.config, 1, 4 + step, seed=step))
+            assert_close(run(sim, compiled, tokens, pos), reference(tokens, pos))
+    sim.check()
+    for buf, ref in zip(model.buffers(), reference.buffers(), strict=True):  # the KV caches, updated in place
+        assert_close(buf, ref)
+    (report,) = backend.reports
+    assert report.device == "cuda:0" and report.captured and report.uncaptured_reason is None
+    assert report.host_prologue["per_call"] and report.host_prologue["transfers"]
+    ((entry,),) = [c._keys.values() for c in captures]
+    assert entry.replays == 5 and entry.refill and not any(t.static for _, t in entry.refill)
 
 
-class _Recorder(SimulatedCuda):
-    """The simulator, except that a recording runs nothing and a replay only counts (the device part is fake)."""
+def test_host_work_runs_once_per_call_and_static_work_once_per_key(captures, monkeypatch):
+    calls = {"static": 0, "per_call": 0}
+    for name in calls:
+        method = getattr(HostSplit, f"run_{name}")
 
-    def capture(self, fn, args, *, pool, stream, device):
-        return _Graph(), fn(list(args))
+        def counted(self, *args, method=method, name=name):
+            calls[name] += 1
+            return method(self, *args)
 
-
-def test_capture_runs_host_work_once_per_call_and_static_work_once_per_key(traced, monkeypatch):
-    gm, mode, inputs = traced
-    monkeypatch.setattr(capture_module, "_storage", id)  # fake tensors have no storage addresses
-    monkeypatch.setattr(torch.Tensor, "data_ptr", lambda self: id(self))
-    with fake_cuda_guard():
-        split = build_host_split(gm)
-        calls = {"static": 0, "per_call": 0}
-        for name in calls:
-            fn = getattr(split.program, f"{name}_fn")
-
-            def counted(args: list, fn=fn, name=name) -> object:
-                calls[name] += 1
-                return fn(args)
-
-            setattr(split.program, f"{name}_fn", counted)
-        report = GraphReport(id=0, mode="reduce-overhead", kind="inference", device="cuda")
-        capture = GraphCapture(
-            split,
-            host_split=split,
-            input_views={},
-            device=torch.device("cuda"),
-            static_indices=[],
-            mutated_indices=[],
-            pool=MemoryPool(_Recorder()),
-            capture_limit=4,
-            warmup_iters=1,
-            report=report,
-            uncapturable=find_uncapturable(gm),
-        )
-        _Graph.replays = 0
-        with mode:
-            outputs = [capture(list(inputs)) for _ in range(4)]
-    (entry,) = capture._keys.values()
-    assert entry.state is CaptureState.CAPTURED and report.captured and report.capture_keys == 1
-    assert _Graph.replays == 3
+        monkeypatch.setattr(HostSplit, f"run_{name}", counted)
+    sim = SimulatedCuda()
+    compiled, backend = compile_with(gather_rows, runtime=sim, mode="reduce-overhead", kernel_backend="aten")
+    x = sim.to_device(torch.randn(4, 3))
+    kept = []
+    for step in range(4):
+        lengths = torch.tensor([step, 0, 2, step // 2])  # a host tensor: not placed
+        kept.append((run(sim, compiled, x, lengths), gather_rows(x, lengths)))
+    sim.check()
+    for (rows, index), (want_rows, want_index) in kept:  # every step's outputs are still that step's
+        assert_close(rows, want_rows)
+        assert torch.equal(index, want_index)
+    (report,) = backend.reports
+    assert report.captured and report.host_prologue["per_call"] and report.host_prologue["transfers"]
+    (entry,) = captures[0]._keys.values()
+    assert entry.state is CaptureState.CAPTURED and entry.replays == 3
     # the warm-up call runs everything once and is recorded from (its host values reused: random or mutating
     # per-call work must run once a call); each replay runs the per-call work only
     assert calls == {"static": 1, "per_call": 4}
     assert [t.static for _, t in entry.refill] == [False]  # only the per-call transfer is refilled
-    assert entry.copy_indices == (0,)  # the CUDA input gets a static buffer, the CPU input does not
-    for out in outputs:
-        assert out[0].device.type == "cuda" and out[1].device.type == "cpu"
+    assert entry.copy_indices == (0,)  # the device input gets a static buffer, the host input does not
+    split = captures[0]._split
+    assert sorted((t.static, t.pin) for t in split.transfers) == [(False, True), (True, True)]
+    assert [where for where, _ in split.program.recipe] == ["device", "host"]
 
 
 def test_a_host_value_of_data_dependent_shape_keeps_the_graph_uncaptured():
@@ -148,76 +137,70 @@ def test_a_host_value_of_data_dependent_shape_keeps_the_graph_uncaptured():
         idx = torch.nonzero(lengths > 0).flatten()
         return x.index_select(0, idx.to(x.device)) * 2
 
-    with fake_cuda_guard():
-        mode = FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv())
-        with mode:
-            gm = make_fx(fn)(torch.empty(4, 3, device="cuda"), torch.zeros(4, dtype=torch.long))
-        run_pipeline(gm, context())
-    assert gm.graph.find_nodes(op="call_function", target=torch.ops.aten.nonzero.default)[0].meta["placement"] == "host"
-    reason = find_uncapturable(gm)
-    assert reason is not None and "copies view to the device with a data-dependent shape" in reason
+    sim = SimulatedCuda()
+    compiled, backend = compile_with(fn, runtime=sim, mode="reduce-overhead", kernel_backend="aten")
+    torch._dynamo.config.capture_dynamic_output_shape_ops = True
+    try:
+        for step in range(3):
+            x, lengths = sim.to_device(torch.randn(4, 3)), torch.tensor([step, 0, 1, 1])
+            assert_close(run(sim, compiled, x, lengths), fn(x, lengths))
+    finally:
+        torch._dynamo.config.capture_dynamic_output_shape_ops = False
+    sim.check()
+    (report,) = backend.reports
+    assert not report.captured and "copies view to the device with a data-dependent shape" in report.uncaptured_reason
+    assert "nonzero" in {n.name.rstrip("_0123456789") for n in report.nodes if n.placement == "host"}
 
 
-def test_the_caller_gets_host_values_themselves_not_the_buffers_an_async_copy_reads(traced, monkeypatch):
+def test_the_caller_gets_host_values_themselves_not_the_buffers_an_async_copy_reads(monkeypatch):
     """max-autotune: `index` is both a graph output and the source of an asynchronous copy to the device.
     The copy reads a pinned copy of it; the caller gets the value itself and may write to it at once."""
-    gm, mode, inputs = traced
+    sim = SimulatedCuda()
     handed_to_copies: list[torch.Tensor] = []
+    for name in ("pinned", "pinned_copy"):
+        pin = getattr(sim, name)
 
-    def pinned(t: torch.Tensor) -> torch.Tensor:
-        copy = t.clone()  # stands for pin_memory() (fake CPU tensors cannot be pinned)
-        handed_to_copies.append(copy)
-        return copy
+        def spy(t: torch.Tensor, pin=pin) -> torch.Tensor:
+            handed_to_copies.append(pin(t))
+            return handed_to_copies[-1]
 
-    monkeypatch.setattr(executor, "pinned", pinned)
-    with fake_cuda_guard():
-        segments = partition(gm, streams=True)
-        lower_all(segments, "aten", device="cuda")
-        run = executor.build_executor(gm, segments, DEVICE, runtime=CUDA)
-        with mode:
-            rows, index = run(list(inputs))
-    assert handed_to_copies and rows.device.type == "cuda" and index.device.type == "cpu"
-    assert all(index is not copy for copy in handed_to_copies)
+        monkeypatch.setattr(sim, name, spy)
+    compiled, _ = compile_with(gather_rows, runtime=sim, kernel_backend="aten")
+    x, lengths = sim.to_device(torch.randn(4, 3)), torch.tensor([1, 0, 2, 1])
+    rows, index = run(sim, compiled, x, lengths)
+    want_rows, want_index = gather_rows(x, lengths)
+    assert_close(rows, want_rows)
+    assert torch.equal(index, want_index)
+    assert handed_to_copies and all(index is not copy for copy in handed_to_copies)
+    index.add_(100)  # the caller writes to its output: nothing the copies read changes
+    assert all(copy.max() < 100 for copy in handed_to_copies)
+    sim.check()
 
 
-def test_an_input_copied_to_the_device_and_updated_in_place_is_the_caller_s(monkeypatch):
-    """`idx` (a CPU input) is read by a device op through a copy and then updated in place (`copy_` into the
-    input, the functionalized graph's epilogue, on the device side): the update must reach the caller's
-    tensor, not a pinned copy made for the transfer."""
+@pytest.mark.parametrize("mode", ["max-autotune", "reduce-overhead"])
+def test_an_input_copied_to_the_device_and_updated_in_place_is_the_caller_s(mode, monkeypatch):
+    """`idx` (a host input) is read by a device op through a copy and then updated in place: the update reaches
+    the caller's tensor, and no pinned copy of it is made for nothing (the copy reads it before the update)."""
 
     def fn(x: torch.Tensor, idx: torch.Tensor) -> tuple[torch.Tensor]:
         out = x[idx] * 2
         idx.add_(1)
-        return (out,)  # a tuple, as AOTAutograd's graphs return
+        return (out,)
 
-    sources: list[str] = []
-    real_compile = executor.compile_function
-
-    def compile_function(source: str, *args):
-        sources.append(source)
-        return real_compile(source, *args)
-
-    monkeypatch.setattr(executor, "compile_function", compile_function)
-    monkeypatch.setattr(executor, "pinned_copy", lambda t: t.clone())  # fake CPU tensors cannot be pinned
-    with fake_cuda_guard():
-        mode = FakeTensorMode(allow_non_fake_inputs=True)
-        with mode:
-            functional = torch.func.functionalize(fn, remove="mutations_and_views")
-            gm = make_fx(functional)(torch.empty(10, 3, device="cuda"), torch.zeros(4, dtype=torch.long))
-        run_pipeline(gm, context())
-        segments = partition(gm, streams=True)
-        lower_all(segments, "aten", device="cuda")
-        executor.build_executor(gm, segments, DEVICE, runtime=CUDA)
-    (source,) = sources
-    idx = names_in(source, "args")[1]
-    writer = next(line for line in source.splitlines() if "segment" in line and f"{idx}]" in line.replace(" ", ""))
-    assert f"{idx}_pinned" not in writer  # the segment writing idx gets the caller's tensor
-    # and no pinned copy is made for nothing: the only device reader writes it too, so its copy to the device
-    # reads the caller's pageable tensor (staged before the call returns) ahead of the update
-    assert f"{idx}_pinned" not in source
-
-
-def names_in(source: str, unpacked: str) -> list[str]:
-    """The names a generated function unpacks ``unpacked`` into (``v0, v1, = args``)."""
-    line = next(line for line in source.splitlines() if line.strip().endswith(f"= {unpacked}"))
-    return [name.strip() for name in line.split("=")[0].split(",") if name.strip()]
+    sim = SimulatedCuda()
+    copied: list[torch.Tensor] = []
+    pinned_copy = sim.pinned_copy
+    monkeypatch.setattr(sim, "pinned_copy", lambda t: copied.append(t) or pinned_copy(t))
+    compiled, backend = compile_with(fn, runtime=sim, mode=mode, kernel_backend="aten")
+    x = sim.to_device(torch.randn(10, 3))
+    idx, want_idx = torch.zeros(4, dtype=torch.long), torch.zeros(4, dtype=torch.long)
+    for _ in range(3):
+        (got,) = run(sim, compiled, x, idx)
+        (want,) = fn(x, want_idx)
+        assert_close(got, want)
+        assert torch.equal(idx, want_idx)  # the caller's idx was updated, every call
+    assert all(t is not idx for t in copied)
+    (report,) = backend.reports
+    if mode == "reduce-overhead":  # the update is device work reading a per-call host value: not recordable
+        assert not report.captured and "copy_ = aten.copy_.default reads arg1_1" in report.uncaptured_reason
+    sim.check()

@@ -44,12 +44,31 @@ def build(steps):
     return program
 
 
+def expected_streams(steps) -> tuple[list[str | None], list[tuple[str, str | None, str | None]]]:
+    """What the streams pass must find in ``build(steps)``: each step's op on its scope's stream, in order, and one
+    event edge (event tag, recording stream, waiting stream) per wait."""
+    streams, edges, recorded = [], [], []
+    for index, (tag_index, _, _, j, action) in enumerate(steps):
+        if action == 2 and recorded:
+            event = recorded[j % len(recorded)]
+            edges.append((f"e{event}", TAGS[steps[event][0]], TAGS[tag_index]))
+        streams.append(TAGS[tag_index])
+        if action == 1:
+            recorded.append(index)
+    return streams, edges
+
+
 @settings(max_examples=25, deadline=None)
 @given(st.lists(step, min_size=1, max_size=8), st.sampled_from(["max-autotune", "reduce-overhead"]))
-def test_random_stream_dags_match_eager(steps, mode):
+def test_random_stream_dags_match_eager_with_each_op_on_its_stream(steps, mode):
     torch._dynamo.reset()
     program = build(steps)
     x, y = torch.randn(4, 4) * 0.5, torch.randn(4, 4) * 0.5
-    compiled, _ = compile_with(program, kernel_backend="aten", mode=mode, fullgraph=True)
+    compiled, backend = compile_with(program, kernel_backend="aten", mode=mode, fullgraph=True)
     for got, want in zip(compiled(x, y), program(x, y), strict=True):
         assert_close(got, want)
+    (report,) = backend.reports
+    streams, edges = expected_streams(steps)
+    ops = [n for n in report.nodes if n.target not in ("placeholder", "output") and "airgraph." not in n.target]
+    assert [n.stream for n in ops] == streams
+    assert [(e["tag"], e["record_stream"], e["wait_stream"]) for e in report.events] == edges

@@ -1,4 +1,4 @@
-"""Capture: the eager reference run and Dynamo's one-graph capture (``torch.export.export(strict=True)``).
+"""Tracing for export: the eager reference run and Dynamo's one-graph capture (``torch.export.export(strict=True)``).
 
 Failures become :class:`ExportError` naming what went wrong and the user's source line.
 
@@ -10,10 +10,13 @@ specializes sizes 0 and 1), so export with sizes >= 2 for the dims that should v
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import io
 import os
 import re
-from collections.abc import Callable, Sequence
+import sys
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -115,7 +118,7 @@ def dynamic_shapes_spec(model: torch.nn.Module, args: tuple, kwargs: dict) -> di
 
 
 def _classify(exc: BaseException) -> tuple[str, str]:
-    """(kind, first line of the explanation) of a torch.export failure."""
+    """(reason, first line of the explanation) of a torch.export failure."""
     text = str(exc).strip()
     lines = [line for line in text.splitlines() if line.strip()]
     first = lines[0].strip() if lines else type(exc).__name__
@@ -136,18 +139,37 @@ def capture(
     """Dynamo captures the model as one graph; returns the program and the dynamic_shapes given."""
     shapes = dynamic_shapes_spec(model, args, kwargs) if dynamic else None
     try:
-        program = torch.export.export(model, args, kwargs, dynamic_shapes=shapes, strict=True)
+        with _partial_graph_once():
+            program = torch.export.export(model, args, kwargs, dynamic_shapes=shapes, strict=True)
     except Exception as exc:
-        kind, detail = _classify(exc)
+        reason, detail = _classify(exc)
         hint = {
             "graph break": "the exported model must be one graph (fullgraph): remove the unsupported code",
             "data-dependent control flow": "use torch.where or torch.cond instead of a Python if on a tensor",
             "data-dependent shape": "shapes must not depend on tensor values",
-        }.get(kind)
+        }.get(reason)
         source, code = user_source(_frames_of_exception(exc))
         message = f"{detail}{f' in `{code}`' if code else ''}{f' ({hint})' if hint else ''}"
-        raise ExportError(kind, message, source=source) from exc
+        raise ExportError(reason, message, source=source) from exc
     return program, shapes
+
+
+@contextlib.contextmanager
+def _partial_graph_once() -> Iterator[None]:
+    """torch.export prints the graph captured up to a data-dependent failure to stderr from each of its nested
+    entry points (twice on torch 2.13): what it writes to stderr is held back and written once per graph."""
+    held = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(held):
+            yield
+    except BaseException as exc:
+        text = held.getvalue()
+        partial = getattr(exc, "partial_fx_graph", None)
+        if partial:
+            text = text.replace(f"{partial}\n", "") + f"{partial}\n"
+        sys.stderr.write(text)
+        raise
+    sys.stderr.write(held.getvalue())
 
 
 def conversion_error(exc: BaseException, program: torch.export.ExportedProgram) -> ExportError:

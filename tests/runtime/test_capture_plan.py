@@ -1,0 +1,131 @@
+"""What reduce-overhead refuses to capture (lowering/capture_plan.py, capture_rules.py): graphs traced on fake CUDA
+tensors, and simulated runs on tensors placed on the simulator's device (traced as CUDA, run on the CPU)."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import airgraph.lowering.capture_rules as capture_rules
+from airgraph.graph.fake_guard import fake_cuda_guard
+from airgraph.lowering.capture_plan import find_uncapturable
+from airgraph.runtime.simulated import SimulatedCuda
+from tests.helpers import assert_close, compile_with
+
+
+def trace(fn, *specs: tuple[tuple[int, ...], str], dtype=torch.float32) -> torch.fx.GraphModule:
+    """``fn`` traced to ATen on fake tensors of these (shape, device)s."""
+    with fake_cuda_guard(), FakeTensorMode(allow_non_fake_inputs=True):
+        return make_fx(fn)(*(torch.empty(shape, device=device, dtype=dtype) for shape, device in specs))
+
+
+def test_a_graph_on_two_gpus_is_refused():
+    gm = trace(lambda a, b: a + b.to("cuda:0"), ((4,), "cuda:0"), ((4,), "cuda:1"))
+    assert find_uncapturable(gm) == "the graph touches cuda:0, cuda:1: one CUDA graph records the work of one device"
+
+
+@torch.library.custom_op("airgraph_test::unsafe_triple", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+def unsafe_triple(x: torch.Tensor) -> torch.Tensor:
+    return x * 3
+
+
+@unsafe_triple.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+def _masked_zero(x: torch.Tensor) -> torch.Tensor:
+    return torch.ops.aten.index_put(x, [x > 0], torch.zeros((), device=x.device))
+
+
+TORCH_RULE = {  # what Inductor's rule (or its fallback) refuses, and how the refusal names it
+    "cudagraph_unsafe op": (lambda x: unsafe_triple(x) + 1, "is tagged cudagraph_unsafe"),
+    "boolean index_put": (_masked_zero, "indexes with a boolean mask"),
+    "sparse output": (lambda x: x.to_sparse() * 2, "has a sparse output"),
+}
+
+
+@pytest.fixture(params=["inductor", "fallback"])
+def torch_rule(request, monkeypatch):
+    """Inductor's is_cudagraph_unsafe_fx_node, or the fallback used where it cannot be imported."""
+    monkeypatch.setattr(capture_rules, "_rule", None)
+    if request.param == "fallback":
+        monkeypatch.setitem(sys.modules, "torch._inductor.utils", None)  # import fails
+    rule, _ = capture_rules.torch_rule()
+    assert (rule is capture_rules._torch_rule_fallback) is (request.param == "fallback")
+    return request.param
+
+
+@pytest.mark.parametrize("name", TORCH_RULE)
+def test_torch_rule_and_its_fallback_refuse_the_same_ops(name, torch_rule):
+    fn, says = TORCH_RULE[name]
+    gm = make_fx(fn, tracing_mode="fake")(torch.randn(3, 3))
+    reason = find_uncapturable(gm, simulated=True)
+    assert reason is not None and says in reason, reason
+
+
+def test_control_flow_is_refused():
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return torch.cond(x.sum() > 0, lambda t: t.sin(), lambda t: t.cos(), (x,))
+
+    reason = find_uncapturable(trace(fn, ((4,), "cuda")))
+    assert reason is not None and "cond" in reason and "control flow" in reason
+
+
+def run_scalar(fn, *, host_placement: bool):
+    """``fn`` on the simulated device in reduce-overhead, seeded as eager, four calls; the report."""
+    sim = SimulatedCuda()
+    options = {"passes.host_placement": host_placement}
+    compiled, backend = compile_with(fn, runtime=sim, mode="reduce-overhead", kernel_backend="aten", **options)
+    x = sim.to_device(torch.randn(4))
+    torch.manual_seed(0)
+    want = [fn(x) for _ in range(4)]
+    torch.manual_seed(0)
+    for expected in want:
+        with sim.call():
+            assert_close(compiled(x), expected)
+    sim.check()
+    (report,) = backend.reports
+    return report
+
+
+def noisy_scale(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.rand(())  # a CPU scalar, new every call, read by a device kernel
+
+
+def test_a_cpu_scalar_that_changes_per_call_is_refused_inside_the_graph():
+    report = run_scalar(noisy_scale, host_placement=False)
+    assert not report.captured and "a CPU scalar that changes from call to call" in report.uncaptured_reason
+
+
+def test_a_cpu_scalar_that_changes_per_call_is_copied_before_each_replay_with_host_placement():
+    report = run_scalar(noisy_scale, host_placement=True)
+    assert report.captured and report.host_prologue["per_call"] and report.host_prologue["transfers"]
+
+
+def test_a_constant_cpu_scalar_is_captured_and_replays_right():
+    report = run_scalar(lambda x: x * torch.tensor(2.5), host_placement=False)
+    assert report.captured and report.uncaptured_reason is None
+    assert [n.device for n in report.nodes if n.target == "aten.lift_fresh_copy.default"] == ["cpu"]
+
+
+@pytest.mark.cuda
+def test_cpu_scalars_on_cuda():
+    def run(fn, host_placement: bool):
+        options = {"passes.host_placement": host_placement}
+        compiled, backend = compile_with(fn, mode="reduce-overhead", kernel_backend="aten", **options)
+        x = torch.randn(4, device="cuda")
+        torch.manual_seed(0)
+        want = [fn(x) for _ in range(4)]
+        torch.manual_seed(0)
+        for expected in want:
+            assert_close(compiled(x), expected)
+        return backend.reports[0]
+
+    assert "changes from call to call" in run(noisy_scale, host_placement=False).uncaptured_reason
+    assert run(noisy_scale, host_placement=True).captured
+    assert run(lambda x: x * torch.tensor(2.5), host_placement=False).captured
