@@ -34,7 +34,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "plan": ("airgraph.report.explain", "plan"),
     "scope": ("airgraph.scope", None),
     "ops": ("airgraph.ops", None),
-    "tune": ("airgraph.tune", None),  # the package, callable: airgraph.tune(model, *inputs, mode="op")
+    "tune": ("airgraph.tuning.api", "tune"),
 }
 
 

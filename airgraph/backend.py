@@ -15,7 +15,7 @@ top to bottom:
 4. choose (lowering/select.py, the seam): each segment's implementation and who chose it;
 5. lower (lowering/lower.py): each segment compiled by its kernel backend, for the strides its inputs really have;
 6. executor (runtime/executor.py): the segments in order, on their streams; with ``config.tuning.mode`` set, the
-   graph's first run tunes its segments or operators into the tuning bank and re-lowers them (airgraph/tune);
+   graph's first run tunes its segments or operators into the tuning bank and re-lowers them (airgraph/tuning);
 7. capture (runtime/capture.py): in reduce-overhead, ``GraphCapture`` records and replays the executor's run as
    CUDA graphs, one per input-shape key.
 
@@ -52,8 +52,8 @@ from airgraph.runtime.capture import GraphCapture, MemoryPool, ObservedRun, Shap
 from airgraph.runtime.device import DeviceRuntime, runtime_for
 from airgraph.runtime.executor import build_executor
 from airgraph.runtime.host import HostSplit
-from airgraph.tune.source import BankSource
-from airgraph.tune.tuner import Tuner
+from airgraph.tuning.source import BankSource
+from airgraph.tuning.tuner import Tuner
 
 __all__ = ["AirgraphBackend", "airgraph_backend", "get_backend"]
 
@@ -85,7 +85,7 @@ class AirgraphBackend:
         # The seam's stores (lowering/select.py): the installed static kernels and the tuning bank, when in use.
         self.static_kernels: ImplSource | None = None
         self.tuning: ImplSource | None = BankSource(self.config)
-        # config.tuning.mode: each graph's first run tunes it (airgraph/tune/tuner.py), then it runs tuned.
+        # config.tuning.mode: each graph's first run tunes it (airgraph/tuning/tuner.py), then it runs tuned.
         self.tuner: Tuner | None = Tuner(self.config) if self.config.tuning.mode and not plan_only else None
         # Told of each new input-shape key of each compiled graph (static kernels record shapes there).
         self.shape_observers: list[Callable[[GraphReport, list[Segment]], ShapeKeyObserver | None]] = []

@@ -358,7 +358,7 @@ def _positive_float(value: float) -> str | None:
 
 
 class TuningConfig(OptionGroup):
-    """Operator (OPAT) and subgraph (SGAT) tuning with a persistent bank (airgraph/tune, seed 002: AOE)."""
+    """Operator (OPAT) and subgraph (SGAT) tuning with a persistent bank (airgraph/tuning, seed 002: AOE)."""
 
     mode = Option(
         None,

@@ -35,9 +35,9 @@ def add_parsers(sub: Any, docs: dict[str, str]) -> None:
 def cmd_bank(args: argparse.Namespace, console: Console) -> int:
     import torch
 
-    from airgraph.tune.bank import TUNED, Bank
-    from airgraph.tune.candidates import VERSIONS
-    from airgraph.tune.source import bank_file
+    from airgraph.tuning.bank import TUNED, Bank
+    from airgraph.tuning.candidates import VERSIONS
+    from airgraph.tuning.source import bank_file
 
     config = CompilerConfig()
     folder = args.bank or config.tuning.resolved_bank_dir()

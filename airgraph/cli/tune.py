@@ -112,7 +112,7 @@ def cmd_tune(args: argparse.Namespace, console: Console) -> int:
 
 def outcome_table(report: Any) -> Table:
     """Every unit: its outcome, its choice, its time before and after (the whole graph's first)."""
-    from airgraph.tune.report import improvement
+    from airgraph.tuning.report import improvement
 
     table = Table(title="tuning", title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0))
     for header, justify in [

@@ -52,15 +52,15 @@ def get(name: str) -> KernelBackend:
     return KERNEL_BACKENDS[name].fn
 
 
-# Options the tuning bank's choices add (airgraph/tune): per-operator choices and frozen weights.
+# Options the tuning bank's choices add (airgraph/tuning): per-operator choices and frozen weights.
 TUNED_OPTIONS = ("op_choices", "frozen")
 
 
 def _tuned(request: LowerRequest, lower: KernelBackend, *, inductor: bool) -> Callable[[list], Any]:
-    """``lower(request)``, through airgraph/tune/lowering.py when the request carries tuning choices."""
+    """``lower(request)``, through airgraph/tuning/lowering.py when the request carries tuning choices."""
     if not any(name in request.options for name in TUNED_OPTIONS):
         return lower(request)
-    from airgraph.tune.lowering import lower_tuned
+    from airgraph.tuning.lowering import lower_tuned
 
     return lower_tuned(request, lower, inductor=inductor)
 

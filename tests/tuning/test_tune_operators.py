@@ -9,9 +9,9 @@ import torch.nn.functional as F
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from airgraph.lowering.aten import compile_aten
-from airgraph.tune import linear
-from airgraph.tune.candidates import op_candidates
-from airgraph.tune.operators import apply_op_choices, find_units, op_graph
+from airgraph.tuning import linear
+from airgraph.tuning.candidates import op_candidates
+from airgraph.tuning.operators import apply_op_choices, find_units, op_graph
 from tests.helpers import assert_close
 
 

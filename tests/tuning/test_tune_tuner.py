@@ -15,9 +15,9 @@ import airgraph
 from airgraph.backend import AirgraphBackend
 from airgraph.models import build_tiny_llama, decode_inputs
 from airgraph.runtime.simulated import SimulatedCuda
-from airgraph.tune.bank import TUNED, BankFile
+from airgraph.tuning.bank import TUNED, BankFile
 from tests.helpers import assert_close, make_config
-from tests.tune.seed_format import validate
+from tests.tuning.seed_format import validate
 
 
 class MLP(torch.nn.Module):
@@ -215,9 +215,9 @@ def test_a_frozen_segment_sees_weight_updates(model_and_input):
     """A segment compiled with its weights as constants checks them on every call: an update in place is seen."""
     from airgraph.lowering.backends import get
     from airgraph.lowering.request import LowerRequest
-    from airgraph.tune.lowering import lower_tuned
-    from airgraph.tune.operators import find_units
-    from tests.tune.test_tune_operators import aten_graph
+    from airgraph.tuning.lowering import lower_tuned
+    from airgraph.tuning.operators import find_units
+    from tests.tuning.test_tune_operators import aten_graph
 
     model, x = model_and_input
     w, b = model.up.weight.detach().clone(), model.up.bias.detach().clone()
@@ -237,7 +237,7 @@ def test_a_frozen_segment_sees_weight_updates(model_and_input):
 
 
 def test_entries_of_another_torch_version_are_stale_and_never_used(tmp_path, monkeypatch, model_and_input):
-    import airgraph.tune.source as source
+    import airgraph.tuning.source as source
 
     model, x = model_and_input
     config = tuning_config(tmp_path, "op", kernel_backend="aten", **{"tuning.budget_s": 0.05})
@@ -261,8 +261,8 @@ def test_lowering_keeps_the_segment_graph_its_keys_come_from():
     from airgraph.lowering.backends import get
     from airgraph.lowering.keys import canonical_text
     from airgraph.lowering.request import LowerRequest
-    from airgraph.tune.lowering import compiling
-    from airgraph.tune.operators import find_units
+    from airgraph.tuning.lowering import compiling
+    from airgraph.tuning.operators import find_units
 
     model = build_tiny_llama("micro")
     tokens, pos = decode_inputs(model.config, 1, 3)

@@ -5,7 +5,7 @@ the seed's kind of operator tuning (``Impl``: which implementation; ``Format``: 
 chosen kernel's configuration) or ``Subgraph`` for a segment. Changing what a set holds changes its version
 (:data:`VERSIONS`), which is in every key: entries measured against another set are stale, never used.
 
-Operators (OPAT), per unit category (tune/operators.py), cheapest first, so a unit whose time budget runs out
+Operators (OPAT), per unit category (tuning/operators.py), cheapest first, so a unit whose time budget runs out
 (``config.tuning.budget_s``) has measured the likeliest ones:
 
 - ``linear``: Impl ``onednn-packed``, ``mkl-packed`` (CPU), ``template`` (Inductor's C++ GEMM template on the CPU,
@@ -28,8 +28,8 @@ from typing import Any
 
 import torch
 
-from airgraph.tune.linear import available
-from airgraph.tune.operators import OpUnit
+from airgraph.tuning.linear import available
+from airgraph.tuning.operators import OpUnit
 
 __all__ = ["VERSIONS", "default_choice", "op_candidates", "subgraph_candidates"]
 

@@ -20,18 +20,18 @@ from airgraph.lowering.layouts import Layouts
 from airgraph.lowering.request import LowerRequest
 from airgraph.lowering.select import GraphRequest, Impl
 from airgraph.report.schema import GraphReport
-from airgraph.tune.bank import TUNED, BankFile, Entry
-from airgraph.tune.candidates import op_candidates, subgraph_candidates
-from airgraph.tune.lowering import compiling
-from airgraph.tune.measure import Budget, Timing, beats, check, fresh_inputs, reference_outputs, time_side_by_side
-from airgraph.tune.operators import OpUnit, apply_op_choices, find_units, op_graph
-from airgraph.tune.params import segment_frozen
-from airgraph.tune.report import Outcome, TuneTask
-from airgraph.tune.source import impl_for, op_key, segment_key
+from airgraph.tuning.bank import TUNED, BankFile, Entry
+from airgraph.tuning.candidates import op_candidates, subgraph_candidates
+from airgraph.tuning.lowering import compiling
+from airgraph.tuning.measure import Budget, Timing, beats, check, fresh_inputs, reference_outputs, time_side_by_side
+from airgraph.tuning.operators import OpUnit, apply_op_choices, find_units, op_graph
+from airgraph.tuning.params import segment_frozen
+from airgraph.tuning.report import Outcome, TuneTask
+from airgraph.tuning.source import impl_for, op_key, segment_key
 
 if TYPE_CHECKING:
     from airgraph.config import CompilerConfig
-    from airgraph.tune.report import TuneReport
+    from airgraph.tuning.report import TuneReport
 
 __all__ = ["Tentative", "TunedGraph", "UnitMeasuring"]
 
@@ -66,7 +66,7 @@ class Tentative:
 
 
 class UnitMeasuring:
-    """The tuner's unit measuring steps (a mixin of :class:`airgraph.tune.tuner.Tuner`)."""
+    """The tuner's unit measuring steps (a mixin of :class:`airgraph.tuning.tuner.Tuner`)."""
 
     config: CompilerConfig
     mode: str

@@ -1,6 +1,6 @@
 """``airgraph::tuned_linear``: a GEMM with a weight (``x @ weight.T + bias``) through a chosen implementation.
 
-Operator tuning (tune/candidates.py) replaces a weight GEMM of a segment (``addmm(bias, x, t(weight))``,
+Operator tuning (tuning/candidates.py) replaces a weight GEMM of a segment (``addmm(bias, x, t(weight))``,
 ``mm(x, t(weight))``) by this op when another implementation measured faster; it is a torch.library custom op, so
 both kernel backends lower it (Inductor calls it as an extern kernel). The implementations:
 

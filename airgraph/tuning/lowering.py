@@ -4,9 +4,9 @@ The kernel backends (lowering/backends.py) hand a request whose options carry ei
 which rewrites the segment's graph, lowers it with the backend's own function and adapts the result:
 
 - ``op_choices`` (operator tuning): node name -> choice; the nodes are replaced by their chosen implementations
-  (tune/operators.py), then the backend lowers the graph as usual;
+  (tuning/operators.py), then the backend lowers the graph as usual;
 - ``frozen`` (subgraph tuning's "freezing" candidates, inference graphs only): the positions of the segment's
-  inputs that are weights (tune/params.py). On the segment's first call (while a graph compiles its weights are
+  inputs that are weights (tuning/params.py). On the segment's first call (while a graph compiles its weights are
   fake; the first call has them) those inputs become constants of the graph, Inductor's freezing passes run on it
   (constant folding, weight prepacking: what ``torch._inductor.config.freezing`` does for a whole model) and it is
   compiled, so Inductor can fold transposes, prepack weights and use its C++ GEMM template (which needs constant
@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch._guards import detect_fake_mode
 
-from airgraph.tune.operators import apply_op_choices
+from airgraph.tuning.operators import apply_op_choices
 
 __all__ = ["compiling", "freeze_inputs", "lower_tuned"]
 

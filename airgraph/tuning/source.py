@@ -1,11 +1,11 @@
 """The tuning step of the seam (lowering/select.py): the bank's answer for a segment, measuring nothing.
 
 ``BankSource.lookup(segment, request)`` computes the segment's keys and reads the bank file of this environment
-(tune/bank.py; re-read only when another process appended to it):
+(tuning/bank.py; re-read only when another process appended to it):
 
 - a subgraph entry for the segment -> its kernel backend and options (``chosen_by "tuning"``);
 - else operator entries for some of its nodes -> the configured kernel backend with those nodes' choices
-  (``options["op_choices"]``, applied when the segment is lowered: tune/lowering.py), each only where tuning would
+  (``options["op_choices"]``, applied when the segment is lowered: tuning/lowering.py), each only where tuning would
   offer it (prepared weights: inference graphs only, a training step would prepare them again every step);
 - else None: the next step (the config) decides.
 
@@ -18,12 +18,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from airgraph.lowering.select import Impl
-from airgraph.tune.bank import TUNED, Bank, BankFile
-from airgraph.tune.candidates import VERSIONS, op_candidates
-from airgraph.tune.env import env_digest, environment
-from airgraph.tune.keys import unit_base, unit_key
-from airgraph.tune.operators import find_units, op_graph
-from airgraph.tune.params import freezable_positions, segment_frozen
+from airgraph.tuning.bank import TUNED, Bank, BankFile
+from airgraph.tuning.candidates import VERSIONS, op_candidates
+from airgraph.tuning.env import env_digest, environment
+from airgraph.tuning.keys import unit_base, unit_key
+from airgraph.tuning.operators import find_units, op_graph
+from airgraph.tuning.params import freezable_positions, segment_frozen
 
 if TYPE_CHECKING:
     import torch

@@ -5,7 +5,7 @@ A unit is one node of a segment's graph with its real shapes:
 
 - ``linear``: ``addmm(bias, x, t(W))`` / ``mm(x, t(W))`` where ``W`` is an input of the segment (a weight that
   outlives the call) and ``x`` is 2-D: ATen's GEMM (MKL/oneDNN on the CPU, cuBLAS on CUDA) vs prepacked weights vs
-  Inductor's GEMM template (tune/linear.py), a pre-transposed weight, the template's configurations;
+  Inductor's GEMM template (tuning/linear.py), a pre-transposed weight, the template's configurations;
 - ``matmul``: ``bmm`` / ``mm`` of activations with a non-contiguous operand: as is, or operands made contiguous;
 - ``attention``: a scaled-dot-product-attention kernel (the backend was fixed when the graph was traced): the
   device's other SDPA kernels;
@@ -31,7 +31,7 @@ from torch._guards import detect_fake_mode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.operator_schemas import normalize_function
 
-from airgraph.tune.linear import TUNED_LINEAR
+from airgraph.tuning.linear import TUNED_LINEAR
 
 __all__ = ["CATEGORIES", "OpUnit", "apply_op_choices", "find_units", "op_graph"]
 

@@ -10,8 +10,8 @@ import torch
 
 from airgraph.backend import AirgraphBackend
 from airgraph.config import CompilerConfig
-from airgraph.tune.report import TuneReport
-from airgraph.tune.tuner import Progress
+from airgraph.tuning.report import TuneReport
+from airgraph.tuning.tuner import Progress
 
 __all__ = ["tune"]
 
@@ -32,7 +32,7 @@ def tune(
 
     The model is compiled with airgraph (``config`` if given, with its ``tuning`` options set from the arguments)
     and run once, under ``torch.no_grad()`` (an inference graph; to tune a training step, set
-    ``config.tuning.mode`` and run the step): that run tunes every graph (tune/tuner.py), records the choices in
+    ``config.tuning.mode`` and run the step): that run tunes every graph (tuning/tuner.py), records the choices in
     the bank (``bank_dir``, default ``config.tuning.bank_dir`` or the user cache), and writes the seed-format report
     into ``work_path`` (default the working directory). ``mode``: "op" (AOE's OPAT, also "2") or "subgraph" (SGAT,
     "1"); ``ops``: only these op types or node names; ``repeat``: re-tune what the bank already has.

@@ -5,7 +5,7 @@ them (``fw_metadata.static_input_indices``) while the graph compiles. Of those, 
 cache, a running statistic) or returns a view of is not frozen, as in Inductor's own freezing
 (torch/_inductor/freezing.py). Only inference graphs freeze: a training step's weights change every step. The
 values themselves are only real when the graph runs: a frozen segment takes them on its first call
-(tune/lowering.py).
+(tuning/lowering.py).
 """
 
 from __future__ import annotations

@@ -18,31 +18,6 @@ The package reads in the order the data flows:
 - source.py       the seam's tuning step (bank lookups); report.py the seed-format result files;
 - api.py          ``airgraph.tune``.
 
-``airgraph.tune`` is this package, callable: ``airgraph.tune(model, ...)`` calls :func:`airgraph.tune.api.tune`
-(a package attribute and a function cannot share the name otherwise: importing ``airgraph.tune.bank`` would
-replace the function by the package). Importing it imports no torch; calling it does.
+``airgraph.tune`` (a function, lazily imported by ``airgraph/__init__.py``) is :func:`airgraph.tuning.api.tune`.
+Importing this package imports no torch.
 """
-
-from __future__ import annotations
-
-import sys
-import types
-from typing import Any
-
-__all__ = ["tune"]
-
-
-def tune(model: Any, *example_inputs: Any, **options: Any) -> Any:
-    """``airgraph.tune(model, *example_inputs, mode="op" | "subgraph", bank_dir=None, work_path=None, ops=None,
-    repeat=False, config=None) -> TuneReport``; see :func:`airgraph.tune.api.tune`."""
-    from airgraph.tune.api import tune as _tune
-
-    return _tune(model, *example_inputs, **options)
-
-
-class _CallableModule(types.ModuleType):
-    def __call__(self, model: Any, *example_inputs: Any, **options: Any) -> Any:
-        return tune(model, *example_inputs, **options)
-
-
-sys.modules[__name__].__class__ = _CallableModule

@@ -9,15 +9,15 @@ The first call then:
    real inputs (inputs it writes in place copied first), and returns that call's outputs;
 2. tunes each compute segment the seam let the config or the bank decide (not host, debug or static-kernel
    segments): its *units* (the segment itself in subgraph mode; its tunable operators in operator mode,
-   tune/operators.py, with their real values from running the segment's graph) are looked up in the bank (hit:
-   nothing measured, unless ``repeat``), else their candidates (tune/candidates.py) are compiled, checked against
-   the default's outputs and timed side by side (tune/measure.py), within ``config.tuning.budget_s`` each;
+   tuning/operators.py, with their real values from running the segment's graph) are looked up in the bank (hit:
+   nothing measured, unless ``repeat``), else their candidates (tuning/candidates.py) are compiled, checked against
+   the default's outputs and timed side by side (tuning/measure.py), within ``config.tuning.budget_s`` each;
 3. lowers the segments whose units found a faster choice with those choices (what a later compile gets from the
    bank: ``chosen_by "tuning"``) and times the whole graph before and after, side by side: unless the tuned graph's
    median is lower (and its rounds not measurably slower), the choices are dropped ("unsatisfied": a choice that
    won alone but not in its graph, e.g. one that costs a fusion) and the graph keeps running as it was;
-4. commits each unit to the bank under its lock (tune/bank.py: add, update, reserved, unsatisfied) and writes the
-   seed-format report (tune/report.py) after every unit.
+4. commits each unit to the bank under its lock (tuning/bank.py: add, update, reserved, unsatisfied) and writes the
+   seed-format report (tuning/report.py) after every unit.
 
 Backward graphs are not tuned (their donated inputs would be overwritten by repeated runs).
 """
@@ -40,13 +40,13 @@ from airgraph.lowering.layouts import Layouts
 from airgraph.lowering.select import GraphRequest, Impl
 from airgraph.report.schema import GraphReport
 from airgraph.runtime.executor import build_executor
-from airgraph.tune.bank import TUNED, UNSATISFIED, Bank, BankFile, Entry
-from airgraph.tune.candidates import VERSIONS
-from airgraph.tune.measure import beats, check, fresh_inputs, reference_outputs, time_side_by_side
-from airgraph.tune.params import freezable_positions
-from airgraph.tune.report import FAILED, SUCCESSFUL, TuneReport, TuneTask
-from airgraph.tune.source import bank_file
-from airgraph.tune.units import Tentative, TunedGraph, UnitMeasuring
+from airgraph.tuning.bank import TUNED, UNSATISFIED, Bank, BankFile, Entry
+from airgraph.tuning.candidates import VERSIONS
+from airgraph.tuning.measure import beats, check, fresh_inputs, reference_outputs, time_side_by_side
+from airgraph.tuning.params import freezable_positions
+from airgraph.tuning.report import FAILED, SUCCESSFUL, TuneReport, TuneTask
+from airgraph.tuning.source import bank_file
+from airgraph.tuning.units import Tentative, TunedGraph, UnitMeasuring
 
 __all__ = ["TunedGraph", "Tuner"]
 

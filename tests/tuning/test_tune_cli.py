@@ -7,8 +7,8 @@ import json
 import pytest
 
 from airgraph import cli
-from airgraph.tune.bank import BankFile
-from tests.tune.seed_format import validate
+from airgraph.tuning.bank import BankFile
+from tests.tuning.seed_format import validate
 
 MODEL = """
 import torch

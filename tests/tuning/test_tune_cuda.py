@@ -10,9 +10,9 @@ import torch
 import torch.nn.functional as F
 
 import airgraph
-from airgraph.tune.bank import BankFile
+from airgraph.tuning.bank import BankFile
 from tests.helpers import assert_close, make_config
-from tests.tune.seed_format import validate
+from tests.tuning.seed_format import validate
 
 pytestmark = pytest.mark.cuda
 

@@ -1,7 +1,7 @@
 """What a measurement is only valid for: the device it ran on and the software that ran it.
 
 A tuning choice measured on one machine says nothing about another (TVM MetaSchedule's database forgets this;
-PyTorch TunableOp's validator header does not). The bank keeps one file per environment (tune/bank.py), named by
+PyTorch TunableOp's validator header does not). The bank keeps one file per environment (tuning/bank.py), named by
 the digest of :func:`environment`, and never uses records of another:
 
 - CPU: the model name, the ISA PyTorch's kernels use (``torch.backends.cpu.get_cpu_capability()``: AVX2,
@@ -9,7 +9,7 @@ the digest of :func:`environment`, and never uses records of another:
 - CUDA: the GPU name, its compute capability and the CUDA version;
 - the torch and airgraph versions.
 
-The candidate sets (tune/candidates.py) carry their own version, inside each entry's key.
+The candidate sets (tuning/candidates.py) carry their own version, inside each entry's key.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 A unit's *base* is the digest of its kind, its canonical graph (lowering/keys.py ``canonical_text``: the ops with
 their arguments, independent of node names) and its inputs' dtypes, sizes and strides. Its *key* adds the
-environment (tune/env.py: device, torch and airgraph versions) and the candidate set's version, so a key found in
+environment (tuning/env.py: device, torch and airgraph versions) and the candidate set's version, so a key found in
 the bank was measured here, with these candidates. Both processes of a tune-then-run pair compute keys from the
 traced values (``node.meta["val"]``), so they agree whatever layout a value really had when measured.
 """

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from airgraph.store import StoreError
-from airgraph.tune.bank import FORMAT, TUNED, UNSATISFIED, Bank, BankFile, Entry, bank_file_name
+from airgraph.tuning.bank import FORMAT, TUNED, UNSATISFIED, Bank, BankFile, Entry, bank_file_name
 
 ENV = {"device_type": "cpu", "device": "test cpu", "isa": "AVX2", "threads": 2, "torch": "2.13.0", "airgraph": "0.1.0"}
 
@@ -79,7 +79,7 @@ def test_concurrent_writers_lose_nothing(tmp_path):
 
 KILL_WRITER = """
 import sys
-from airgraph.tune.bank import Bank, Entry
+from airgraph.tuning.bank import Bank, Entry
 bank = Bank(sys.argv[1]).file_for({"device_type": "cpu", "torch": "x"}, "d1")
 i = 0
 while True:

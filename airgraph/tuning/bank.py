@@ -1,13 +1,13 @@
 """The tuning bank: measured choices, kept on disk for every later compile, in any process (AOE's knowledge bank).
 
-Layout: one folder (``config.tuning.bank_dir``), one append-only file of JSON lines per environment (tune/env.py)::
+Layout: one folder (``config.tuning.bank_dir``), one append-only file of JSON lines per environment (tuning/env.py)::
 
     <bank_dir>/cpu-torch2.13.0-<digest>.jsonl
       {"format": "airgraph-tuning-bank", "version": 1, "env": {"device": ..., "isa": ..., "torch": ...}}   header
       {"key": ..., "kind": "op", "status": "tuned", "choice": {...}, "before_us": ..., "after_us": ..., ...}
       ...
 
-- **one entry per key**: the key (tune/keys.py) digests the operator's or segment's canonical graph, its input
+- **one entry per key**: the key (tuning/keys.py) digests the operator's or segment's canonical graph, its input
   shapes, strides and dtypes, the environment and the candidate set's version; of several records with one key,
   the last one counts (an update appends; ``prune`` compacts);
 - **merged under a lock**: a writer takes the file's lock (airgraph/store.py), reads what other processes appended

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 
-from airgraph.tune.report import (
+from airgraph.tuning.report import (
     BASIC_FIELDS,
     OPAT_FIELDS,
     SGAT_FIELDS,
@@ -14,7 +14,7 @@ from airgraph.tune.report import (
     TuneReport,
     improvement,
 )
-from tests.tune.seed_format import SEED_BASIC, SEED_OPAT, SEED_SGAT, SEED_SUMMARY, validate
+from tests.tuning.seed_format import SEED_BASIC, SEED_OPAT, SEED_SGAT, SEED_SUMMARY, validate
 
 
 def test_the_modules_field_lists_are_the_seeds():
