@@ -7,8 +7,8 @@ model = torch.compile(model, backend=airgraph.get_backend(compiler_config=config
 
 The public names load lazily (module ``__getattr__``): ``import airgraph`` imports neither torch nor onnx,
 so ``airgraph.export.runner`` runs an export in a process without PyTorch. ``get_backend``, ``explain``,
-``scope`` and ``ops`` import torch on first use; ``dynamo_export`` imports torch, onnx and onnxscript on
-its first call.
+``scope`` and ``ops`` import torch on first use, ``tune`` on its first call; ``dynamo_export`` imports torch, onnx
+and onnxscript on its first call.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
     from airgraph.export.exporter import ExportResult
 
-__all__ = ["CompilerConfig", "dynamo_export", "explain", "get_backend", "ops", "plan", "scope"]
+__all__ = ["CompilerConfig", "dynamo_export", "explain", "get_backend", "ops", "plan", "scope", "tune"]
 __version__ = "0.1.0"
 
 # public name -> (module, attribute); attribute None: the module itself
@@ -34,6 +34,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "plan": ("airgraph.report.explain", "plan"),
     "scope": ("airgraph.scope", None),
     "ops": ("airgraph.ops", None),
+    "tune": ("airgraph.tuning.api", "tune"),
 }
 
 

@@ -14,7 +14,8 @@ top to bottom:
 3. partition (lowering/partition.py): segments, runs of nodes sharing placement and stream;
 4. choose (lowering/select.py, the seam): each segment's implementation and who chose it;
 5. lower (lowering/lower.py): each segment compiled by its kernel backend, for the strides its inputs really have;
-6. executor (runtime/executor.py): the segments in order, on their streams;
+6. executor (runtime/executor.py): the segments in order, on their streams; with ``config.tuning.mode`` set, the
+   graph's first run tunes its segments or operators into the tuning bank and re-lowers them (airgraph/tuning);
 7. capture (runtime/capture.py): in reduce-overhead, ``GraphCapture`` records and replays the executor's run as
    CUDA graphs, one per input-shape key.
 
@@ -53,6 +54,8 @@ from airgraph.runtime.capture import GraphCapture, MemoryPool, ObservedRun, Shap
 from airgraph.runtime.device import DeviceRuntime, runtime_for
 from airgraph.runtime.executor import build_executor
 from airgraph.runtime.host import HostSplit
+from airgraph.tuning.source import BankSource
+from airgraph.tuning.tuner import Tuner
 
 __all__ = ["AirgraphBackend", "airgraph_backend", "get_backend"]
 
@@ -83,7 +86,9 @@ class AirgraphBackend:
         self.runtime = runtime
         # The seam's stores (lowering/select.py): the installed static kernels and the tuning bank, when in use.
         self.static_kernels: ImplSource | None = None
-        self.tuning: ImplSource | None = None
+        self.tuning: ImplSource | None = BankSource(self.config)
+        # config.tuning.mode: each graph's first run tunes it (airgraph/tuning/tuner.py), then it runs tuned.
+        self.tuner: Tuner | None = Tuner(self.config) if self.config.tuning.mode and not plan_only else None
         # Told of each new input-shape key of each compiled graph (static kernels record shapes there).
         self.shape_observers: list[Callable[[GraphReport, list[Segment]], ShapeKeyObserver | None]] = []
         if self.config.static_kernels.enabled:  # seed 000: airgraph/kernels
@@ -172,6 +177,10 @@ class AirgraphBackend:
             device_fn = build_executor(
                 program.device_gm, program.device_segments, device, runtime=runtime, priorities=report.stream_priorities
             )
+            if self.tuner is not None:
+                device_fn = self.tuner.wrap(
+                    device_fn, program.device_gm, program.device_segments, request, None, report, runtime
+                )
             run = split = HostSplit(program, device_fn, runtime)
             input_views = views_of_inputs(program.device_gm)
         else:
@@ -187,6 +196,8 @@ class AirgraphBackend:
                 lower_segments(segments, request, layouts=layouts, placeholders=placeholders)
                 # 6. executor
                 run = build_executor(gm, segments, device, runtime=runtime, priorities=report.stream_priorities)
+                if self.tuner is not None:
+                    run = self.tuner.wrap(run, gm, segments, request, layouts, report, runtime)
             input_views = views_of_inputs(gm)
         layouts.report(outputs)
         # 7. capture (reduce-overhead), or the shape-key observers of an uncaptured run

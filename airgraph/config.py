@@ -20,7 +20,7 @@ import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["CompilerConfig", "Option", "OptionGroup", "torch_cuda_caching_disabled"]
+__all__ = ["CompilerConfig", "Option", "OptionGroup", "torch_cuda_caching_disabled", "torchair_tuning_environment"]
 
 
 class Option:
@@ -36,8 +36,12 @@ class Option:
         check: Callable[[Any], str | None] | None = None,
         allowed: str | None = None,
         env: str | None = None,
+        normalize: Callable[[Any], Any] | None = None,
     ) -> None:
+        """``normalize`` maps an accepted spelling to the stored value before validation (an environment string,
+        a seed's alias such as AOE's "2" for "op")."""
         self.doc = doc
+        self.normalize = normalize
         self._choices = choices
         self.types = types if types is not None or choices is not None else type(default)
         self.check = check
@@ -68,6 +72,12 @@ class Option:
             return ValueError(
                 f"{path}: invalid value {value!r}{extra}; allowed values: {self.describe_allowed()}. {self.doc}"
             )
+
+        if self.normalize is not None:
+            try:
+                value = self.normalize(value)
+            except (TypeError, ValueError) as exc:
+                raise bad(str(exc)) from None
 
         if self.choices is not None:
             if value not in self.choices:
@@ -389,6 +399,124 @@ class StaticKernelsConfig(OptionGroup):
         env="WORLD_SIZE",
     )
 
+# AOE's AOE_MODE values: "1" subgraph tuning (SGAT), "2" operator tuning (OPAT).
+_AOE_MODES = {"1": "subgraph", "2": "op"}
+
+
+def _tune_mode(value: Any) -> Any:
+    if isinstance(value, str):
+        value = value.strip().lower()
+        if value in ("", "none", "off"):
+            return None
+        return _AOE_MODES.get(value, value)
+    return value
+
+
+def _op_list(value: Any) -> Any:
+    """``"addmm, mm"`` (an environment string) or a list/tuple of str -> a tuple of names; None stays None."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = [part for part in (p.strip() for p in value.split(",")) if part]
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and v for v in value):
+        raise TypeError("expected op types or node names: a list of non-empty str, or one comma-separated str")
+    return tuple(value)
+
+
+def _seconds(value: Any) -> Any:
+    if isinstance(value, str):
+        return float(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    return value
+
+
+def _positive_float(value: float) -> str | None:
+    return None if value > 0 else "must be > 0"
+
+
+class TuningConfig(OptionGroup):
+    """Operator (OPAT) and subgraph (SGAT) tuning with a persistent bank (airgraph/tuning, seed 002: AOE)."""
+
+    mode = Option(
+        None,
+        "Tune each graph on its first run, then run it tuned: 'op' (per operator: implementation, layout, kernel "
+        "configuration) or 'subgraph' (per segment: kernel backend and Inductor options); AOE's '2' and '1' too.",
+        choices=(None, "op", "subgraph"),
+        normalize=_tune_mode,
+        env="AIRGRAPH_TUNE_MODE",
+    )
+    bank_dir = Option(
+        None,
+        "Folder of the tuning bank that tuning writes and every compile consults (None: a folder in the user cache, "
+        "see TuningConfig.resolved_bank_dir).",
+        types=(str, type(None)),
+        allowed="a folder path (str) or None",
+        env="AIRGRAPH_TUNE_BANK",
+    )
+    work_path = Option(
+        None,
+        "Folder the tuning reports (aoe_result_opat_*.json, aoe_result_sgat_*.json) are written to (None: the "
+        "working directory).",
+        types=(str, type(None)),
+        allowed="a folder path (str) or None",
+        env="AIRGRAPH_WORK_PATH",
+    )
+    ops = Option(
+        None,
+        "Tune only these operator types (addmm, mm, bmm, convolution, sdpa, or a group: gemm, attention, conv) or "
+        "node names (module path/node, or the node name alone); None: all.",
+        types=(tuple, type(None)),
+        normalize=_op_list,
+        allowed="a list of str, a comma-separated str, or None",
+        env="AIRGRAPH_TUNE_OPS",
+    )
+    repeat = Option(
+        False, "Re-tune entries already in the bank (AOE's REPEAT_TUNE); False: use them.", env="AIRGRAPH_TUNE_REPEAT"
+    )
+    use_bank = Option(
+        True,
+        "Compiles consult the bank (chosen_by 'tuning'); False ignores it (an untuned baseline).",
+        env="AIRGRAPH_TUNE_USE_BANK",
+    )
+    budget_s = Option(
+        6.0,
+        "Most seconds spent compiling and measuring the candidates of one operator; the rest are skipped (an "
+        "Inductor compile starts only while half of it is left).",
+        types=float,
+        normalize=_seconds,
+        check=_positive_float,
+        allowed="a number of seconds > 0",
+    )
+    subgraph_budget_s = Option(
+        30.0,
+        "Most seconds spent compiling and measuring the candidates of one segment (each is a compile of it).",
+        types=float,
+        normalize=_seconds,
+        check=_positive_float,
+        allowed="a number of seconds > 0",
+    )
+
+    def resolved_bank_dir(self) -> str:
+        """``bank_dir``, or the user cache's ``airgraph/tuning-bank`` ($XDG_CACHE_HOME or ~/.cache)."""
+        if self.bank_dir is not None:
+            return self.bank_dir
+        cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        return os.path.join(cache, "airgraph", "tuning-bank")
+
+
+def torchair_tuning_environment() -> dict[str, Any]:
+    """The seed's (AOE's) environment variables, for ``airgraph.compat.torchair``'s backend: ``AOE_MODE`` ("1"
+    subgraph, "2" op), ``TUNE_BANK_PATH``, ``REPEAT_TUNE`` and ``ASCEND_WORK_PATH`` (where reports go), as
+    ``config.tuning`` option names -> values, for the ones that are set."""
+    found: dict[str, Any] = {}
+    for env, name in (("AOE_MODE", "mode"), ("TUNE_BANK_PATH", "bank_dir"), ("ASCEND_WORK_PATH", "work_path")):
+        if os.environ.get(env):
+            found[name] = os.environ[env]
+    if os.environ.get("REPEAT_TUNE"):
+        found["repeat"] = os.environ["REPEAT_TUNE"].strip().lower() in ("1", "true", "yes", "on")
+    return found
+
 
 class CompilerConfig(OptionGroup):
     """All options of one airgraph compilation. Copy it freely: the backend keeps its own deep copy."""
@@ -413,3 +541,4 @@ class CompilerConfig(OptionGroup):
     experimental_config = ExperimentalConfig
     export = ExportConfig
     static_kernels = StaticKernelsConfig
+    tuning = TuningConfig

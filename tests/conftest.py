@@ -1,4 +1,5 @@
-"""Shared test set-up: the `cuda` marker is skipped here, centrally, when no GPU is present."""
+"""Shared test set-up: the `cuda` marker is skipped here, centrally, when no GPU is present; the tuning bank is a
+fresh folder for the session (a user's bank must not change what the tests compile)."""
 
 from __future__ import annotations
 
@@ -26,3 +27,12 @@ def _fresh_dynamo():
 @pytest.fixture
 def cuda_device() -> torch.device:
     return torch.device("cuda")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _session_tuning_bank(tmp_path_factory: pytest.TempPathFactory):
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("AIRGRAPH_TUNE_BANK", str(tmp_path_factory.mktemp("tuning-bank")))
+        for name in ("AIRGRAPH_TUNE_MODE", "AOE_MODE", "TUNE_BANK_PATH", "REPEAT_TUNE", "ASCEND_WORK_PATH"):
+            patch.delenv(name, raising=False)
+        yield

@@ -122,6 +122,69 @@ def test_backend_keeps_its_own_copy():
     assert backend.config.mode == "max-autotune"
 
 
+def test_tuning_options_their_aliases_and_environment(monkeypatch):
+    monkeypatch.delenv("AIRGRAPH_TUNE_BANK")  # the test session's bank (tests/conftest.py)
+    config = CompilerConfig()
+    assert config.as_dict()["tuning"] == {
+        "mode": None,
+        "bank_dir": None,
+        "work_path": None,
+        "ops": None,
+        "repeat": False,
+        "use_bank": True,
+        "budget_s": 6.0,
+        "subgraph_budget_s": 30.0,
+    }
+    config.tuning.mode = "2"  # AOE's operator tuning
+    assert config.tuning.mode == "op"
+    config.tuning.mode = "1"
+    assert config.tuning.mode == "subgraph"
+    config.tuning.ops = "addmm, mlp.0/mm"
+    assert config.tuning.ops == ("addmm", "mlp.0/mm")
+    config.tuning.budget_s = 2
+    assert config.tuning.budget_s == 2.0
+    with pytest.raises(ValueError, match=r"tuning\.mode: invalid value '3'; allowed values: None, 'op', 'subgraph'"):
+        config.tuning.mode = "3"
+    with pytest.raises(ValueError, match=r"tuning\.ops: invalid value \[1\] \(expected op types or node names"):
+        config.tuning.ops = [1]
+    with pytest.raises(ValueError, match=r"tuning\.budget_s: invalid value 0.0 \(must be > 0\)"):
+        config.tuning.budget_s = 0
+    monkeypatch.setenv("AIRGRAPH_TUNE_MODE", "2")
+    monkeypatch.setenv("AIRGRAPH_TUNE_OPS", "bmm,gemm")
+    monkeypatch.setenv("AIRGRAPH_TUNE_REPEAT", "true")
+    monkeypatch.setenv("AIRGRAPH_WORK_PATH", "/tmp/aoe")
+    monkeypatch.setenv("XDG_CACHE_HOME", "/tmp/cache-home")
+    from_env = CompilerConfig().tuning
+    assert (from_env.mode, from_env.ops, from_env.repeat, from_env.work_path) == (
+        "op",
+        ("bmm", "gemm"),
+        True,
+        "/tmp/aoe",
+    )
+    assert from_env.resolved_bank_dir() == "/tmp/cache-home/airgraph/tuning-bank"
+    monkeypatch.setenv("AIRGRAPH_TUNE_BANK", "/tmp/bank")
+    assert CompilerConfig().tuning.resolved_bank_dir() == "/tmp/bank"
+    monkeypatch.setenv("AIRGRAPH_TUNE_MODE", "warp")
+    with pytest.raises(ValueError, match=r"tuning\.mode: invalid value 'warp'"):
+        CompilerConfig()
+
+
+def test_the_seeds_environment_for_the_torchair_backend(monkeypatch):
+    from airgraph.config import torchair_tuning_environment
+
+    assert torchair_tuning_environment() == {}
+    monkeypatch.setenv("AOE_MODE", "1")
+    monkeypatch.setenv("TUNE_BANK_PATH", "/home/user/custom_tune_bank")
+    monkeypatch.setenv("REPEAT_TUNE", "False")
+    monkeypatch.setenv("ASCEND_WORK_PATH", "/tmp/work")
+    assert torchair_tuning_environment() == {
+        "mode": "1",
+        "bank_dir": "/home/user/custom_tune_bank",
+        "work_path": "/tmp/work",
+        "repeat": False,
+    }
+
+
 def test_the_kernel_backend_registry_is_the_one_list_of_allowed_values(monkeypatch):
     from airgraph.lowering import backends
 

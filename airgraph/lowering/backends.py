@@ -52,12 +52,25 @@ def get(name: str) -> KernelBackend:
     return KERNEL_BACKENDS[name].fn
 
 
+# Options the tuning bank's choices add (airgraph/tuning): per-operator choices and frozen weights.
+TUNED_OPTIONS = ("op_choices", "frozen")
+
+
+def _tuned(request: LowerRequest, lower: KernelBackend, *, inductor: bool) -> Callable[[list], Any]:
+    """``lower(request)``, through airgraph/tuning/lowering.py when the request carries tuning choices."""
+    if not any(name in request.options for name in TUNED_OPTIONS):
+        return lower(request)
+    from airgraph.tuning.lowering import lower_tuned
+
+    return lower_tuned(request, lower, inductor=inductor)
+
+
 @kernel_backend("inductor")
 def _inductor(request: LowerRequest) -> Callable[[list], Any]:
-    """Inductor: fused Triton kernels on CUDA, C++ on the CPU (options: Inductor config patches)."""
+    """Inductor: fused Triton kernels on CUDA, C++ on the CPU (options: Inductor config patches, cpp_wrapper)."""
     from airgraph.lowering.inductor import compile_inductor
 
-    return compile_inductor(request)
+    return _tuned(request, compile_inductor, inductor=True)
 
 
 @kernel_backend("aten")
@@ -65,7 +78,7 @@ def _aten(request: LowerRequest) -> Callable[[list], Any]:
     """Direct ATen calls: one generated Python function per segment, fast to compile."""
     from airgraph.lowering.aten import compile_aten
 
-    return compile_aten(request.gm)
+    return _tuned(request, lambda r: compile_aten(r.gm), inductor=False)
 
 
 @kernel_backend("static_kernels", selectable=False)

@@ -19,7 +19,8 @@ from airgraph.lowering.request import LowerRequest
 
 def compile_inductor(request: LowerRequest) -> Callable[[list], Any]:
     """Compile one segment. ``request.options["inductor_config"]``: Inductor config patches (e.g. freezing,
-    max_autotune_gemm) chosen by the seam; ``request.donated``: inputs Inductor may overwrite (backward only)."""
+    max_autotune_gemm) chosen by the seam; ``request.options["cpp_wrapper"]``: a C++ wrapper instead of Python's
+    (Inductor's own option); ``request.donated``: inputs Inductor may overwrite (backward only)."""
     from torch._inductor import config as inductor_config
     from torch._inductor.compile_fx import compile_fx_inner
 
@@ -30,14 +31,26 @@ def compile_inductor(request: LowerRequest) -> Callable[[list], Any]:
     patches = {**request.options.get("inductor_config", {}), "triton.cudagraphs": False, "fallback_random": True}
     with inductor_config.patch(patches), _donating(request.donated if kind == "backward" else None):
         compiled = compile_fx_inner(
-            request.gm,
+            _copy(request.gm),
             request.example_inputs,
             is_inference=kind == "inference",
             is_backward=kind == "backward",
             cudagraphs=False,
+            cpp_wrapper=bool(request.options.get("cpp_wrapper", False)),
         )
     compiled._boxed_call = True  # Inductor's compiled graphs take the boxed (list) calling convention
     return compiled
+
+
+def _copy(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A copy of the segment's graph for Inductor, whose passes rewrite the graph they are given in place: the
+    segment's own graph stays as traced (the tuning bank and the kernel library key segments by it, after
+    lowering too). Nodes and their meta dicts are copied; the values in them are shared, not copied."""
+    graph = torch.fx.Graph()
+    env: dict[torch.fx.Node, torch.fx.Node] = {}
+    for node in gm.graph.nodes:
+        env[node] = graph.node_copy(node, env.__getitem__)
+    return torch.fx.GraphModule(gm, graph, class_name=type(gm).__name__)
 
 
 @contextlib.contextmanager

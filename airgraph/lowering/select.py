@@ -6,7 +6,7 @@
 2. ``host``: host segments (host placement put their ops on the CPU) run as direct ATen calls: Inductor's
    win is fusion on the device, and these are a few tiny ops;
 3. ``static-kernels``: the kernel library has prebuilt kernels for this segment (airgraph/kernels);
-4. ``tuning``: the tuning bank has a measured choice for this segment (airgraph/tune);
+4. ``tuning``: the tuning bank has a measured choice for this segment (airgraph/tuning);
 5. ``config``: ``config.kernel_backend``.
 
 The answer is an :class:`Impl`: the kernel backend's name (lowering/backends.py), its parameters, and who chose

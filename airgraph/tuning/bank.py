@@ -1,0 +1,281 @@
+"""The tuning bank: measured choices, kept on disk for every later compile, in any process (AOE's knowledge bank).
+
+Layout: one folder (``config.tuning.bank_dir``), one append-only file of JSON lines per environment (tuning/env.py)::
+
+    <bank_dir>/cpu-torch2.13.0-<digest>.jsonl
+      {"format": "airgraph-tuning-bank", "version": 1, "env": {"device": ..., "isa": ..., "torch": ...}}   header
+      {"key": ..., "kind": "op", "status": "tuned", "choice": {...}, "before_us": ..., "after_us": ..., ...}
+      ...
+
+- **one entry per key**: the key (tuning/keys.py) digests the operator's or segment's canonical graph, its input
+  shapes, strides and dtypes, the environment and the candidate set's version; of several records with one key,
+  the last one counts (an update appends; ``prune`` compacts);
+- **merged under a lock**: a writer takes the file's lock (airgraph/store.py), reads what other processes appended
+  meanwhile, decides (add, update, reserved: :meth:`BankFile.commit`) and appends one line; two processes tuning
+  into one bank at once lose nothing;
+- **torn or corrupt records** (a process killed mid-write, a hand edit) are skipped with one warning naming the
+  file and line; every complete record stays readable;
+- **stale records** (another device, torch, airgraph or candidate-set version) live in other files, or carry another
+  candidate version, and are never used: counted, listed by ``airgraph bank list``, removed by ``airgraph bank prune``;
+- **unsatisfied memos**: a unit where nothing beat the default is not a bank entry (the seam never uses it), but
+  its record (``status: "unsatisfied"``) spares the next tuning run from measuring it again (unless ``repeat``).
+
+Readable values only (JSON), never pickles. Importable without torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from airgraph.store import StoreError, append_line, locked, write_text_atomic
+
+__all__ = ["FORMAT", "FORMAT_VERSION", "Bank", "BankFile", "Entry", "bank_file_name"]
+
+FORMAT = "airgraph-tuning-bank"
+FORMAT_VERSION = 1
+TUNED, UNSATISFIED = "tuned", "unsatisfied"
+_warned: set[tuple[str, int]] = set()  # (file, line) of corrupt records already warned about in this process
+
+
+@dataclass
+class Entry:
+    """One record: a unit's measured choice (``status`` "tuned") or an unsatisfied memo (``choice`` None)."""
+
+    key: str
+    kind: str  # "op" (OPAT) or "subgraph" (SGAT)
+    status: str  # TUNED or UNSATISFIED
+    base: str  # the unit without environment and candidate version: how stale records of it are found
+    name: str  # op name (module path/node) or segment name, for reports
+    op_type: str
+    candidates: int  # the candidate set's version
+    choice: dict[str, Any] | None  # {"tune_mode": "Impl"|"Format"|"Schedule"|"Subgraph", "name": ..., "options": ...}
+    before_us: float
+    after_us: float
+    spread: float = 0.0  # the run-to-run spread the choice had to beat (relative)
+    time: str = ""
+    pid: int = field(default_factory=os.getpid)
+
+    @property
+    def improvement(self) -> float:
+        """before / after - 1 (the seed's performance_improvement)."""
+        return self.before_us / self.after_us - 1 if self.after_us > 0 else 0.0
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Entry:
+        names = set(cls.__dataclass_fields__)
+        missing = {"key", "kind", "status", "base", "candidates", "before_us", "after_us"} - set(data)
+        if missing:
+            raise ValueError(f"missing {', '.join(sorted(missing))}")
+        if data["status"] not in (TUNED, UNSATISFIED):
+            raise ValueError(f"status {data['status']!r}")
+        if data["status"] == TUNED and not isinstance(data.get("choice"), dict):
+            raise ValueError("a tuned record without a choice")
+        values = {k: v for k, v in data.items() if k in names}
+        values.setdefault("name", "")
+        values.setdefault("op_type", "")
+        values.setdefault("choice", None)
+        return cls(**values)
+
+
+def bank_file_name(env: dict[str, Any], digest: str) -> str:
+    return f"{env.get('device_type', 'device')}-torch{env.get('torch', '?')}-{digest}.jsonl"
+
+
+class BankFile:
+    """One environment's records: read incrementally (appends by other processes are picked up), written under
+    the file's lock."""
+
+    def __init__(self, path: str | os.PathLike[str], env: dict[str, Any] | None = None) -> None:
+        self.path = Path(path)
+        self.env = env  # None: read from the header
+        self._entries: dict[str, Entry] = {}
+        self._offset = 0  # bytes consumed (complete lines only)
+        self._lines = 0
+        self._stat: tuple[int, int] | None = None  # (inode, size) at the last read
+        self.records = 0  # complete records read (superseded ones included)
+        self.problem: str | None = None  # why the file cannot be used (a bad header)
+
+    # -- reading -------------------------------------------------------------------------------------------
+    def entries(self) -> dict[str, Entry]:
+        """key -> its latest record; re-reads only what was appended since the last call."""
+        try:
+            stat = self.path.stat()
+        except FileNotFoundError:
+            self._reset()
+            return self._entries
+        if self._stat is not None and (stat.st_ino != self._stat[0] or stat.st_size < self._offset):
+            self._reset()  # replaced (prune compacted it) or truncated: read again from the start
+        if self._stat is None or stat.st_size != self._stat[1]:
+            self._read_from_offset()
+            self._stat = (stat.st_ino, stat.st_size)
+        return self._entries
+
+    def _reset(self) -> None:
+        self._entries, self._offset, self._lines, self._stat, self.records, self.problem = {}, 0, 0, None, 0, None
+
+    def _read_from_offset(self) -> None:
+        with open(self.path, "rb") as f:
+            f.seek(self._offset)
+            data = f.read()
+        end = data.rfind(b"\n") + 1  # a last line without its newline may still be being written: not yet
+        for raw in data[:end].splitlines():
+            self._lines += 1
+            self._take(raw, self._lines)
+        self._offset += end
+
+    def _take(self, raw: bytes, lineno: int) -> None:
+        try:
+            record = json.loads(raw.decode("utf-8"))
+            if not isinstance(record, dict):
+                raise ValueError("not a JSON object")
+        except (UnicodeDecodeError, ValueError) as exc:
+            if lineno == 1:
+                self.problem = f"{self.path}: the header line is not readable ({exc})"
+            else:
+                self._warn(lineno, str(exc))
+            return
+        if lineno == 1:
+            self._check_header(record)
+            return
+        if self.problem is not None:
+            return
+        try:
+            entry = Entry.from_dict(record)
+        except (TypeError, ValueError) as exc:
+            self._warn(lineno, str(exc))
+            return
+        self.records += 1
+        self._entries[entry.key] = entry
+
+    def _check_header(self, header: dict[str, Any]) -> None:
+        if header.get("format") != FORMAT:
+            self.problem = f"{self.path}: not a tuning bank file (format {header.get('format')!r})"
+        elif header.get("version") != FORMAT_VERSION:
+            self.problem = (
+                f"{self.path}: tuning bank format version {header.get('version')!r}, this airgraph reads version "
+                f"{FORMAT_VERSION}; its records are not used (airgraph bank prune removes them)"
+            )
+        elif self.env is None:
+            self.env = header.get("env") or {}
+        elif header.get("env") != self.env:
+            self.problem = f"{self.path}: its header names another environment than this file's name says"
+
+    def _warn(self, lineno: int, reason: str) -> None:
+        if (str(self.path), lineno) not in _warned:
+            _warned.add((str(self.path), lineno))
+            warnings.warn(
+                f"airgraph: {self.path}:{lineno}: corrupt tuning bank record skipped ({reason[:120]})", stacklevel=4
+            )
+
+    def usable(self) -> bool:
+        self.entries()
+        if self.problem is not None and (str(self.path), 0) not in _warned:
+            _warned.add((str(self.path), 0))
+            warnings.warn(f"airgraph: {self.problem}", stacklevel=3)
+        return self.problem is None
+
+    def lookup(self, key: str) -> Entry | None:
+        return self.entries().get(key) if self.usable() else None
+
+    # -- writing -------------------------------------------------------------------------------------------
+    def commit(self, entry: Entry) -> str:
+        """Merge ``entry`` under the lock: "add" (a new entry), "update" (replaces an entry with a faster choice),
+        "reserved" (the entry in the bank stays), or "unsatisfied" (a memo, not an entry)."""
+        if self.env is None:
+            raise StoreError(f"{self.path}: a bank file is created for an environment")
+        with locked(self.path):
+            current = self.entries().get(entry.key)
+            if self.problem is not None:
+                raise StoreError(f"{self.problem}; remove it, or tune into another bank folder")
+            if entry.status == UNSATISFIED:
+                if current is not None and current.status == TUNED:
+                    return "reserved"
+                outcome = "unsatisfied"
+            elif current is None or current.status == UNSATISFIED:
+                outcome = "add"
+            elif current.choice == entry.choice or entry.after_us >= current.after_us:
+                return "reserved"
+            else:
+                outcome = "update"
+            self._append(entry)
+            return outcome
+
+    def _append(self, entry: Entry) -> None:
+        if self._offset == 0:  # no complete header yet: a new file, or one whose header write was torn
+            header = {"format": FORMAT, "version": FORMAT_VERSION, "env": self.env}
+            write_text_atomic(self.path, json.dumps(header, sort_keys=True) + "\n")
+            self._reset()
+            self.entries()
+        append_line(self.path, entry.to_json())
+        self.entries()
+
+    def rewrite(self, keep: list[Entry]) -> None:
+        """Replace the file by its header and ``keep`` (compaction); call under :func:`locked`."""
+        header = {"format": FORMAT, "version": FORMAT_VERSION, "env": self.env}
+        lines = [json.dumps(header, sort_keys=True), *(e.to_json() for e in keep)]
+        write_text_atomic(self.path, "\n".join(lines) + "\n")
+        self._reset()
+
+
+class Bank:
+    """A bank folder: one :class:`BankFile` per environment."""
+
+    def __init__(self, folder: str | os.PathLike[str]) -> None:
+        self.folder = Path(folder)
+        if self.folder.exists() and not self.folder.is_dir():
+            raise StoreError(f"tuning bank {self.folder} is a file; give a folder (config.tuning.bank_dir)")
+        self._files: dict[str, BankFile] = {}
+
+    def file_for(self, env: dict[str, Any], digest: str) -> BankFile:
+        name = bank_file_name(env, digest)
+        if name not in self._files:
+            self._files[name] = BankFile(self.folder / name, env)
+        return self._files[name]
+
+    def files(self) -> list[BankFile]:
+        """Every environment's file in the folder (their headers say which environment)."""
+        found = []
+        for path in sorted(self.folder.glob("*.jsonl")) if self.folder.is_dir() else []:
+            bank_file = self._files.get(path.name) or BankFile(path)
+            bank_file.entries()
+            found.append(bank_file)
+        return found
+
+    def stale_bases(self, current: BankFile, candidates: dict[str, int]) -> set[str]:
+        """Units with records that are never used: in other environments' files, or measured with another
+        version of their kind's candidate set (``candidates``: kind -> current version)."""
+        stale = set()
+        for bank_file in self.files():
+            other = bank_file.path != current.path
+            for entry in bank_file.entries().values():
+                if other or entry.candidates != candidates.get(entry.kind):
+                    stale.add(entry.base)
+        return stale
+
+    def prune(self, current: list[BankFile], candidates: dict[str, int], *, everything: bool = False) -> dict:
+        """Remove what is never used: other environments' files, records of old candidate sets, superseded
+        records (and with ``everything``, all). Returns counts: files removed, records kept and dropped."""
+        current_paths = {f.path for f in current}
+        counts = {"files_removed": 0, "kept": 0, "dropped": 0}
+        for bank_file in self.files():
+            with locked(bank_file.path):
+                records = bank_file.records
+                if everything or bank_file.path not in current_paths or bank_file.problem is not None:
+                    bank_file.path.unlink(missing_ok=True)
+                    counts["files_removed"] += 1
+                    counts["dropped"] += records
+                    continue
+                keep = [e for e in bank_file.entries().values() if e.candidates == candidates.get(e.kind)]
+                if len(keep) != records:
+                    bank_file.rewrite(keep)
+                counts["kept"] += len(keep)
+                counts["dropped"] += records - len(keep)
+        return counts

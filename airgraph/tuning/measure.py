@@ -1,0 +1,161 @@
+"""Measuring candidates: checked against the default's outputs first, then timed side by side.
+
+- **Checked first**: a candidate runs on the same inputs as the default (inputs a segment writes in place are
+  fresh copies for each run) and must give the same outputs (values within the dtype's tolerance, same sizes and
+  strides) and leave the written inputs the same; otherwise it is dropped, with the reason.
+- **Timed through the device runtime** (runtime/device.py ``time``: CUDA events on CUDA, ``perf_counter`` on the
+  CPU, the simulator's cost model in tests): each ``time`` call is the median of ``iters`` calls after a warm-up
+  call. Candidates are timed in interleaved rounds (default, a, b, default, a, b, ...), so load from other
+  processes hits all of them alike; a candidate's time is the median of its rounds.
+- **Beating the default**: by more than the measured run-to-run spread, and by at least :data:`MIN_GAIN`: the
+  candidate's median is at least 3% below the default's, and its rounds' interquartile range lies wholly below
+  the default's (its third quartile under the default's first), so the gap between the two is wider than what
+  either varies from round to round. On a shared machine a round's time can vary by half (other processes
+  thrash the caches); the quartiles stand where a spread-widened threshold would refuse a five-fold gain.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+__all__ = ["MIN_GAIN", "Budget", "Timing", "beats", "check", "fresh_inputs", "reference_outputs", "time_side_by_side"]
+
+MIN_GAIN = 0.03
+ROUNDS = 9
+ROUND_SECONDS = 0.01  # what one time() call aims to take
+TOLERANCES = {
+    torch.float32: {"rtol": 1e-3, "atol": 1e-4},
+    torch.float16: {"rtol": 1e-2, "atol": 1e-2},
+    torch.bfloat16: {"rtol": 5e-2, "atol": 5e-2},
+}
+
+
+@dataclass
+class Timing:
+    rounds: list[float] = field(default_factory=list)  # seconds: each round's median
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.rounds)
+
+    @property
+    def quartiles(self) -> tuple[float, float]:
+        """First and third quartiles of the rounds."""
+        if len(self.rounds) < 2:
+            return self.median, self.median
+        q1, _, q3 = statistics.quantiles(self.rounds, n=4, method="inclusive")
+        return q1, q3
+
+    @property
+    def spread(self) -> float:
+        """Relative interquartile range of the rounds (run-to-run spread)."""
+        q1, q3 = self.quartiles
+        return (q3 - q1) / self.median if self.median > 0 else 0.0
+
+
+def beats(candidate: Timing, default: Timing) -> bool:
+    """Whether ``candidate`` is faster than ``default`` by at least MIN_GAIN and by more than the run-to-run spread
+    (see the module docstring)."""
+    return candidate.median < default.median * (1 - MIN_GAIN) and candidate.quartiles[1] < default.quartiles[0]
+
+
+def fresh_inputs(inputs: list[Any], written: frozenset[int] | set[int]) -> list[Any]:
+    """``inputs`` with the ones a callable writes in place replaced by copies (same layout)."""
+    out = list(inputs)
+    for i in written:
+        value = inputs[i]
+        if isinstance(value, torch.Tensor):
+            copy = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device=value.device)
+            out[i] = copy.copy_(value)
+    return out
+
+
+def _outputs(result: Any) -> list[Any]:
+    return list(result) if isinstance(result, (list, tuple)) else [result]
+
+
+def check(
+    fn: Callable[[list], Any],
+    inputs: list[Any],
+    written: frozenset[int] | set[int],
+    reference: list[Any],
+    *,
+    strides: bool = True,
+) -> str | None:
+    """Run ``fn`` once on fresh inputs and compare with ``reference`` (the default's outputs, then its written
+    inputs); None when they agree, else the reason. ``strides``: the layouts must agree too (a segment's outputs;
+    an operator's choice gets the graph's layout when it is applied, whatever the default lowered alone gave)."""
+    args = fresh_inputs(inputs, written)
+    try:
+        outputs = _outputs(fn(list(args))) + [args[i] for i in sorted(written)]
+    except Exception as exc:  # a candidate that fails is dropped, with why
+        return f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+    if len(outputs) != len(reference):
+        return f"returned {len(outputs)} values, the default {len(reference)}"
+    for i, (got, want) in enumerate(zip(outputs, reference, strict=True)):
+        if isinstance(want, torch.Tensor):
+            if not isinstance(got, torch.Tensor):
+                return f"output {i} is not a tensor"
+            if got.shape != want.shape or (strides and got.numel() > 1 and got.stride() != want.stride()):
+                got_layout, want_layout = (tuple(got.shape), got.stride()), (tuple(want.shape), want.stride())
+                return f"output {i}: sizes, strides {got_layout}, the default's {want_layout}"
+            try:
+                torch.testing.assert_close(got, want, **TOLERANCES.get(want.dtype, {}), equal_nan=True)
+            except AssertionError as exc:
+                lines = [line for line in str(exc).splitlines() if "mismatched" in line.lower()]
+                return f"output {i} differs from the default's ({lines[0].strip() if lines else 'values'})"
+        elif got != want:
+            return f"output {i}: {got!r}, default {want!r}"
+    return None
+
+
+def reference_outputs(fn: Callable[[list], Any], inputs: list[Any], written: frozenset[int] | set[int]) -> list[Any]:
+    """The default's outputs and written inputs, to check candidates against."""
+    args = fresh_inputs(inputs, written)
+    return _outputs(fn(list(args))) + [args[i] for i in sorted(written)]
+
+
+def iterations(fn: Callable[[list], Any], inputs: list[Any], runtime: Any) -> int:
+    """How many calls one ``time`` call makes, so that it takes about ROUND_SECONDS."""
+    one = runtime.time(fn, inputs, 1)
+    if one <= 0:
+        return 3
+    return max(3, min(200, int(ROUND_SECONDS / one)))
+
+
+def time_side_by_side(
+    fns: dict[str, Callable[[list], Any]],
+    inputs: list[Any],
+    runtime: Any,
+    *,
+    written: frozenset[int] | set[int] = frozenset(),
+    rounds: int = ROUNDS,
+) -> dict[str, Timing]:
+    """Interleaved rounds of ``runtime.time`` over ``fns``, each on its own copy of the inputs it writes."""
+    own = {name: fresh_inputs(inputs, written) for name in fns}
+    iters = {name: iterations(fn, own[name], runtime) for name, fn in fns.items()}
+    timings = {name: Timing() for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            timings[name].rounds.append(runtime.time(fn, own[name], iters[name]))
+    return timings
+
+
+class Budget:
+    """Seconds left for one unit's candidates (compiling and measuring them)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.deadline = time.perf_counter() + seconds
+
+    def allows(self, expensive: bool = False) -> bool:
+        """Whether a candidate may start: any while time is left, an expensive one (an Inductor compile, seconds)
+        only while half of it is."""
+        left = self.deadline - time.perf_counter()
+        return left > (self.seconds / 2 if expensive else 0)

@@ -1,0 +1,250 @@
+"""Tuning reports in the seed's format (AOE's result files), written while tuning runs.
+
+One file per tuning session and mode in the work path (``config.tuning.work_path``, default the working
+directory): ``aoe_result_opat_<timestamp>_<pid>.json`` (operator tuning) or ``aoe_result_sgat_<timestamp>_<pid>.json``
+(subgraph tuning), timestamp ``YYYYMMDDHHMMSSmmm``. It holds one task per tuned graph, under
+``report_<timestamp>_<thread id>``, each a list ``[{"basic": {...}}, {"OPAT": {...}}]`` (or ``"SGAT"``) with exactly
+the seed's fields (:data:`OPAT_FIELDS`, :data:`SGAT_FIELDS`). The file is rewritten atomically after every unit,
+so a crash leaves a readable file whose unfinished task says ``"tuning incomplete"`` and has no ``tuning_time(s)``.
+
+The seed's sections are left out where it leaves them out: OPAT when a graph has no tunable operator, SGAT when
+subgraph tuning failed. What the seed's format has no field for (candidates dropped and why, stale bank entries,
+the whole graph's time before and after operator tuning) is on :class:`TuneReport` itself and in its ``__str__``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from airgraph.store import write_text_atomic
+
+__all__ = ["BASIC_FIELDS", "OPAT_FIELDS", "SGAT_FIELDS", "SUMMARY_FIELDS", "TuneReport", "TuneTask", "timestamp"]
+
+BASIC_FIELDS = ("tuning_name", "tuning_time(s)")
+SUMMARY_FIELDS = (
+    "repo_add_num",
+    "repo_hit_num",
+    "repo_reserved_num",
+    "repo_unsatisfied_num",
+    "repo_update_num",
+    "total_num",
+)
+OPAT_FIELDS = ("opat_tuning_result", "repo_modified_operators", "repo_summary")  # + "tuning_failed_operators"
+OPERATOR_FIELDS = ("op_name", "op_type", "tune_performance")
+PERFORMANCE_US = ("performance_after_tune(us)", "performance_before_tune(us)", "performance_improvement", "update_mode")
+SGAT_FIELDS = (
+    "model_baseline_performance(ms)",
+    "model_performance_improvement",
+    "model_result_performance(ms)",
+    "repo_modified_subgraphs",
+    "repo_summary",
+)
+SUBGRAPH_FIELDS = ("performance_after_tune(ms)", "performance_before_tune(ms)", "performance_improvement", "repo_key")
+INCOMPLETE, SUCCESSFUL, FAILED = "tuning incomplete", "tuning successful", "tuning failed"
+
+
+def timestamp(when: datetime.datetime | None = None) -> str:
+    """``YYYYMMDDHHMMSSmmm``."""
+    when = when or datetime.datetime.now()
+    return when.strftime("%Y%m%d%H%M%S") + f"{when.microsecond // 1000:03d}"
+
+
+def improvement(before: float, after: float) -> str:
+    """The seed's performance_improvement: before / after - 1, as a percentage ("118.71%")."""
+    return f"{(before / after - 1) * 100:.2f}%" if after > 0 else "0.00%"
+
+
+def _times(before: float, after: float, unit: str, digits: int) -> dict[str, Any]:
+    """The seed's before/after fields, rounded, and the improvement of the rounded values (the file agrees with
+    itself)."""
+    before, after = round(before, digits), round(after, digits)
+    return {
+        f"performance_after_tune({unit})": after,
+        f"performance_before_tune({unit})": before,
+        "performance_improvement": improvement(before, after),
+    }
+
+
+@dataclass
+class Outcome:
+    """One unit's result: what was chosen (or kept) and how it was counted."""
+
+    name: str  # op name or segment name
+    op_type: str
+    key: str
+    status: str  # "add", "update", "reserved", "hit", "unsatisfied", "failed", "skipped"
+    choice: str = "default"
+    tune_mode: str = ""
+    before_us: float = 0.0
+    after_us: float = 0.0
+    note: str = ""
+    measured: dict[str, float] = field(default_factory=dict)  # candidate -> median us ("default" included)
+    seconds: float = 0.0  # spent compiling, checking and timing its candidates
+
+
+@dataclass
+class TuneTask:
+    """One tuned graph: a ``report_<timestamp>_<tid>`` entry of the file."""
+
+    name: str
+    mode: str  # "op" or "subgraph"
+    key: str = field(default_factory=lambda: f"report_{timestamp()}_{threading.get_native_id()}")
+    status: str = INCOMPLETE
+    seconds: float | None = None  # None while running or after a crash: the seed then omits tuning_time(s)
+    outcomes: list[Outcome] = field(default_factory=list)
+    dropped: list[tuple[str, str, str]] = field(default_factory=list)  # (unit, candidate, reason)
+    stale: int = 0
+    dynamic: int = 0  # units not tuned: their shapes are symbolic (a dynamic-shape graph)
+    model_before_ms: float | None = None
+    model_after_ms: float | None = None
+    failed_section: bool = False  # SGAT: subgraph tuning failed (the seed then omits the section)
+
+    def count(self, status: str) -> int:
+        return sum(o.status == status for o in self.outcomes)
+
+    def summary(self) -> dict[str, int]:
+        hits = self.count("hit")
+        reserved = self.count("reserved") + hits
+        return {
+            "repo_add_num": self.count("add"),
+            "repo_hit_num": hits + self.count("update") + self.count("reserved"),
+            "repo_reserved_num": reserved,
+            "repo_unsatisfied_num": self.count("unsatisfied"),
+            "repo_update_num": self.count("update"),
+            "total_num": sum(o.status in ("add", "update", "reserved", "hit", "unsatisfied") for o in self.outcomes),
+        }
+
+    def to_seed(self) -> list[dict[str, Any]]:
+        basic: dict[str, Any] = {"tuning_name": self.name}
+        if self.seconds is not None:
+            basic["tuning_time(s)"] = round(self.seconds, 3)
+        section = self._opat() if self.mode == "op" else self._sgat()
+        return [{"basic": basic}] + ([section] if section is not None else [])
+
+    def _opat(self) -> dict[str, Any] | None:
+        if not self.outcomes:
+            return None  # no tunable operator: the seed has no OPAT section
+        failed = [o.name for o in self.outcomes if o.status == "failed"]
+        modified = [
+            {
+                "op_name": o.name,
+                "op_type": o.op_type,
+                "tune_performance": {
+                    o.tune_mode: {**_times(o.before_us, o.after_us, "us", 3), "update_mode": o.status}
+                },
+            }
+            for o in self.outcomes
+            if o.status in ("add", "update")
+        ]
+        result = INCOMPLETE if self.status == INCOMPLETE else (FAILED if failed else SUCCESSFUL)
+        body: dict[str, Any] = {
+            "opat_tuning_result": result,
+            "repo_modified_operators": modified,
+            "repo_summary": self.summary(),
+        }
+        if result == FAILED:
+            body["tuning_failed_operators"] = failed
+        return {"OPAT": body}
+
+    def _sgat(self) -> dict[str, Any] | None:
+        if self.failed_section:
+            return None
+
+        def subgraphs(status: str) -> list[dict[str, Any]]:
+            return [
+                {**_times(o.before_us / 1e3, o.after_us / 1e3, "ms", 6), "repo_key": o.key}
+                for o in self.outcomes
+                if o.status == status
+            ]
+
+        before = round(self.model_before_ms or 0.0, 6)
+        after = round(self.model_after_ms, 6) if self.model_after_ms is not None else before
+        return {
+            "SGAT": {
+                "model_baseline_performance(ms)": before,
+                "model_performance_improvement": improvement(before, after),
+                "model_result_performance(ms)": after,
+                "repo_modified_subgraphs": {
+                    "add_repo_subgraphs": subgraphs("add"),
+                    "update_repo_subgraphs": subgraphs("update"),
+                },
+                "repo_summary": self.summary(),
+            }
+        }
+
+
+class TuneReport:
+    """A tuning session's report: its tasks (one per tuned graph) and the seed-format file they are written to.
+
+    ``str(report)`` is a short summary; ``report.to_dict()`` the seed-format dict; ``report.path`` the JSON file.
+    """
+
+    def __init__(self, mode: str, work_path: str | os.PathLike[str] | None = None) -> None:
+        if mode not in ("op", "subgraph"):
+            raise ValueError(f"tuning mode {mode!r}: give 'op' or 'subgraph'")
+        self.mode = mode
+        folder = Path(work_path) if work_path is not None else Path.cwd()
+        kind = "opat" if mode == "op" else "sgat"
+        self.path = folder / f"aoe_result_{kind}_{timestamp()}_{os.getpid()}.json"
+        self.tasks: list[TuneTask] = []
+        self.bank_dir: str | None = None
+
+    def new_task(self, name: str) -> TuneTask:
+        task = TuneTask(name=name, mode=self.mode)
+        while any(t.key == task.key for t in self.tasks):  # two tasks in one millisecond
+            task.key += "_"
+        self.tasks.append(task)
+        self.write()
+        return task
+
+    def to_dict(self) -> dict[str, Any]:
+        return {task.key: task.to_seed() for task in self.tasks}
+
+    def write(self) -> None:
+        write_text_atomic(self.path, json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
+
+    @property
+    def outcomes(self) -> list[Outcome]:
+        return [o for task in self.tasks for o in task.outcomes]
+
+    def counts(self) -> dict[str, int]:
+        total: dict[str, int] = dict.fromkeys(SUMMARY_FIELDS, 0)
+        for task in self.tasks:
+            for name, value in task.summary().items():
+                total[name] += value
+        return total
+
+    def __str__(self) -> str:
+        counts = self.counts()
+        stale = sum(t.stale for t in self.tasks)
+        dynamic = sum(t.dynamic for t in self.tasks)
+        kind = "operator (OPAT)" if self.mode == "op" else "subgraph (SGAT)"
+        lines = [
+            f"airgraph {kind} tuning: {len(self.tasks)} graph(s), {counts['total_num']} unit(s): "
+            f"{counts['repo_add_num']} added, {counts['repo_update_num']} updated, {counts['repo_hit_num']} found "
+            f"in the bank, {counts['repo_unsatisfied_num']} unsatisfied, {stale} stale"
+            + (f"; {dynamic} with symbolic shapes not tuned (compile with dynamic=False)" if dynamic else "")
+        ]
+        for task in self.tasks:
+            if task.model_before_ms is not None and task.model_after_ms is not None:
+                lines.append(
+                    f"  {task.name}: {task.model_before_ms:.4f} ms -> {task.model_after_ms:.4f} ms "
+                    f"({improvement(task.model_before_ms, task.model_after_ms)})"
+                )
+            for o in task.outcomes:
+                if o.status in ("add", "update"):
+                    lines.append(
+                        f"    {o.name} ({o.op_type}): {o.tune_mode} {o.choice}, {o.before_us:.1f} us -> "
+                        f"{o.after_us:.1f} us ({improvement(o.before_us, o.after_us)}, {o.status})"
+                    )
+        lines.append(f"  report: {self.path}")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return f"<TuneReport {self.mode}: {len(self.tasks)} task(s), {self.path}>"

@@ -1,0 +1,310 @@
+"""Tuning benchmark (issue #13): tuned vs untuned airgraph vs torch.compile(mode="max-autotune"), side by side.
+
+For each model of the set, in one process: airgraph untuned (the bank ignored), airgraph after operator tuning
+(OPAT) and after subgraph tuning (SGAT) (each a fresh compile that takes its choices from the bank), torch.compile
+max-autotune, and eager. Per-call latencies are measured in interleaved rounds (every variant once per round, so
+load from other processes hits all alike): medians and ratios. Also recorded:
+
+- tuning time of each mode vs torch.compile max-autotune's compile time (its autotuning included), both with
+  Inductor's caches off (as on a fresh machine);
+- tuning cost per GEMM (operator mode: seconds spent on each GEMM unit);
+- a second tuning run on the same bank: what it measured (nothing: all hits) and how long it took;
+- the noise floor: the untuned graph compiled twice, measured as two variants (identical code);
+- compile time with the bank vs untuned (first call, Inductor's caches on and warm for both: a segment compiled
+  with frozen weights is not in Inductor's FX graph cache, it compiles every time).
+
+Targets (issue #13, 2-core CPU): tuned/untuned <= 0.7 on the batch-8 MLP, <= 0.9 on tiny LLaMA decode, never above
+1.02; tuned faster or equal to max-autotune and less tuning time; <= 6 s per GEMM; a second run all hits and a
+compile with the bank within 1.2x of an untuned compile.
+
+    python benchmarks/tuning.py [--models mlp,llama-decode,llama-prefill,cnn] [--threads 1] [--rounds 15]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+import types
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import airgraph
+from airgraph.backend import AirgraphBackend
+from airgraph.bench.results import environment, write_json
+from airgraph.config import CompilerConfig
+from airgraph.models import build_tiny_llama, decode_inputs, prefill_inputs
+
+
+class MLP(torch.nn.Module):
+    """A GEMM-bound MLP: residual blocks of Linear(d, h) -> GELU -> Linear(h, d)."""
+
+    def __init__(self, d: int = 512, h: int = 2048, blocks: int = 2) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(
+            torch.nn.Sequential(torch.nn.Linear(d, h), torch.nn.GELU(), torch.nn.Linear(h, d)) for _ in range(blocks)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = x + block(x)
+        return x
+
+
+class CNN(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 32, 3, padding=1),
+            torch.nn.ReLU(),
+            torch.nn.Conv2d(32, 64, 3, padding=1, stride=2),
+            torch.nn.ReLU(),
+            torch.nn.Conv2d(64, 64, 3, padding=1, stride=2),
+            torch.nn.ReLU(),
+        )
+        self.head = torch.nn.Linear(64, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x).mean((2, 3)))
+
+
+def build(name: str) -> tuple[torch.nn.Module, tuple]:
+    torch.manual_seed(0)
+    if name == "mlp":
+        return MLP().eval(), (torch.randn(8, 512),)
+    if name == "cnn":
+        return CNN().eval(), (torch.randn(4, 3, 32, 32),)
+    model = build_tiny_llama("tiny")
+    prompt = prefill_inputs(model.config, 1, 16)
+    if name == "llama-prefill":
+        return model, prompt
+    with torch.no_grad():
+        model(*prompt)
+    return model, decode_inputs(model.config, 1, 16)
+
+
+_frames = iter(range(1_000_000))
+
+
+def own_frame(model: torch.nn.Module) -> torch.nn.Module:
+    """A shallow copy of ``model`` (the same parameters and buffers) whose ``forward`` has a code object of its own.
+    Dynamo keeps its compiled entries per code object and checks them in turn on every call: variants compiled
+    from one ``forward`` with different backends would each pay the guards of all those compiled after it (here,
+    up to a fifth of a tiny LLaMA step), so every variant gets its own."""
+    cls = type(model)
+    forward = cls.forward
+    code = forward.__code__.replace(co_name=f"{forward.__name__}_{next(_frames)}")
+    own = types.FunctionType(code, forward.__globals__, code.co_name, forward.__defaults__, forward.__closure__)
+    variant = type(f"{cls.__name__}Variant", (cls,), {"forward": own})
+    copied = copy.copy(model)
+    copied.__class__ = variant
+    return copied
+
+
+def config_for(bank: Path | None) -> CompilerConfig:
+    config = CompilerConfig()
+    if bank is None:
+        config.tuning.use_bank = False
+    else:
+        config.tuning.bank_dir = str(bank)
+    return config
+
+
+def first_call(fn: Callable, args: tuple) -> tuple[Any, float]:
+    """The first call's output and its seconds (the compile)."""
+    start = time.perf_counter()
+    with torch.no_grad():
+        out = fn(*args)
+    return out, time.perf_counter() - start
+
+
+def per_call(variants: dict[str, Callable], args: tuple, rounds: int) -> dict[str, list[float]]:
+    """Seconds of each call of each variant, interleaved: each round runs every variant for about 20 ms, in a new
+    random order. Each call is timed on its own: on a shared machine a call the scheduler preempts takes a time
+    slice longer (4 to 9 ms here), so medians of single calls are what compares, not means of batches."""
+    calls = {}
+    with torch.no_grad():
+        for name, fn in variants.items():
+            start = time.perf_counter()
+            fn(*args)
+            calls[name] = max(3, min(500, int(0.02 / max(time.perf_counter() - start, 1e-6))))
+        samples: dict[str, list[float]] = {name: [] for name in variants}
+        order = list(variants.items())
+        shuffle = random.Random(0).shuffle
+        for _ in range(rounds):
+            shuffle(order)
+            for name, fn in order:
+                for _ in range(calls[name]):
+                    start = time.perf_counter()
+                    fn(*args)
+                    samples[name].append(time.perf_counter() - start)
+    return samples
+
+
+@contextlib.contextmanager
+def cold_caches() -> Iterator[None]:
+    """Inductor's caches empty (a new cache folder): tuning and max-autotune's compile timed as on a fresh machine.
+    (Not ``force_disable_caches``: that also changes the graphs AOTAutograd hands over, so a bank tuned under it
+    would not match a later compile.)"""
+    saved = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    with tempfile.TemporaryDirectory(prefix="inductor-cold-") as folder:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = folder
+        try:
+            yield
+        finally:
+            if saved is None:
+                del os.environ["TORCHINDUCTOR_CACHE_DIR"]
+            else:
+                os.environ["TORCHINDUCTOR_CACHE_DIR"] = saved
+
+
+def bench_model(name: str, rounds: int, work: Path, budget: float) -> dict[str, Any]:
+    torch._dynamo.reset()  # Dynamo would mark dims dynamic after seeing one model at several shapes
+    model, args = build(name)
+    with torch.no_grad():
+        expected = model(*args)
+    result: dict[str, Any] = {"model": name}
+    variants: dict[str, Callable] = {"eager": model}
+    compile_s: dict[str, float] = {}
+
+    # untuned: compiled twice, the second with Inductor's caches warm (what the bank compile is compared with)
+    copies, seconds = [], []
+    for _ in range(3):  # Dynamo compiles again for a new backend object; the fastest of 3 (caches warm)
+        copies.append(torch.compile(own_frame(model), backend=AirgraphBackend(config_for(None))))
+        seconds.append(first_call(copies[-1], args)[1])
+    compile_s["airgraph untuned"] = min(seconds)
+    copies = copies[-2:]
+    # Two compiles of one graph, measured side by side: how far apart identical code measures here (noise floor).
+    variants["airgraph untuned"], variants["airgraph untuned, 2nd compile"] = copies
+
+    for mode in ("op", "subgraph"):
+        bank = work / f"bank-{name}-{mode}"
+        base = config_for(bank)
+        base.tuning.budget_s = budget
+        start = time.perf_counter()
+        with cold_caches():
+            report = airgraph.tune(model, *args, mode=mode, bank_dir=bank, work_path=work, config=base)
+        tuning_s = time.perf_counter() - start
+        again_start = time.perf_counter()
+        again = airgraph.tune(model, *args, mode=mode, bank_dir=bank, work_path=work, config=base)
+        again_s = time.perf_counter() - again_start
+        compiled, seconds = None, []
+        for _ in range(3):  # as untuned: the fastest of 3, Inductor's caches warm
+            compiled = torch.compile(own_frame(model), backend=AirgraphBackend(config_for(bank)))
+            seconds.append(first_call(compiled, args)[1])
+        compile_s[f"airgraph {mode}-tuned"] = min(seconds)
+        variants[f"airgraph {mode}-tuned"] = compiled
+        outcomes = report.outcomes
+        result[f"{mode}_tuning"] = {
+            "tuning_s": tuning_s,
+            "report": str(report.path),
+            "counts": report.counts(),
+            "stale": sum(t.stale for t in report.tasks),
+            "dynamic": sum(t.dynamic for t in report.tasks),
+            "units": [
+                {
+                    "name": o.name,
+                    "type": o.op_type,
+                    "status": o.status,
+                    "choice": f"{o.tune_mode} {o.choice}".strip(),
+                    "before_us": o.before_us,
+                    "after_us": o.after_us,
+                    "seconds": o.seconds,
+                    "measured_us": o.measured,
+                    "note": o.note,
+                }
+                for o in outcomes
+            ],
+            "dropped": [list(d) for t in report.tasks for d in t.dropped],
+            "graph_before_after_ms": [(t.model_before_ms, t.model_after_ms) for t in report.tasks],
+            "second_run": {
+                "seconds": again_s,
+                "counts": again.counts(),
+                "measured_units": sum(1 for o in again.outcomes if o.measured),
+            },
+        }
+        if mode == "op":
+            gemms = [o.seconds for o in outcomes if o.op_type in ("addmm", "mm", "bmm") and o.measured]
+            result["op_tuning"]["seconds_per_gemm_max"] = max(gemms, default=0.0)
+
+    start = time.perf_counter()
+    max_autotune = torch.compile(own_frame(model), mode="max-autotune")
+    with cold_caches():
+        first_call(max_autotune, args)
+    result["max_autotune_compile_s"] = time.perf_counter() - start
+    variants["torch.compile max-autotune"] = max_autotune
+
+    with torch.no_grad():
+        for vname, fn in variants.items():
+            torch.testing.assert_close(fn(*args), expected, rtol=1e-3, atol=1e-3, msg=lambda m, v=vname: f"{v}: {m}")
+    samples = per_call(variants, args, rounds)
+    median = {v: statistics.median(s) * 1e6 for v, s in samples.items()}
+    result["median_us"] = median
+    result["p10_p90_us"] = {v: (_quantile(s, 0.1) * 1e6, _quantile(s, 0.9) * 1e6) for v, s in samples.items()}
+    best = min(median["airgraph op-tuned"], median["airgraph subgraph-tuned"])
+    untuned_us = median["airgraph untuned"]
+    result["ratios"] = {
+        "op-tuned / untuned": median["airgraph op-tuned"] / untuned_us,
+        "subgraph-tuned / untuned": median["airgraph subgraph-tuned"] / untuned_us,
+        "best tuned / untuned": best / untuned_us,
+        "best tuned / max-autotune": best / median["torch.compile max-autotune"],
+        "untuned / eager": untuned_us / median["eager"],
+        "noise floor: untuned 2nd compile / untuned": median["airgraph untuned, 2nd compile"] / untuned_us,
+    }
+    result["compile_s"] = compile_s
+    result["compile_ratio_with_bank"] = {
+        mode: compile_s[f"airgraph {mode}-tuned"] / compile_s["airgraph untuned"] for mode in ("op", "subgraph")
+    }
+    return result
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default="mlp,llama-decode,llama-prefill,cnn")
+    parser.add_argument("--threads", type=int, default=1, help="intra-op threads (default: 1, steadier when shared)")
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--budget", type=float, default=6.0, help="config.tuning.budget_s (seconds per unit)")
+    parser.add_argument("--output", default="benchmarks/results/tuning_cpu.json")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    for name in ("cache_size_limit", "recompile_limit"):  # several compiled variants of one model, side by side
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, 64)
+    out: dict[str, Any] = {
+        **environment(torch.device("cpu")),
+        "threads": args.threads,
+        "settings": {"rounds": args.rounds, "budget_s": args.budget},
+    }
+    out["models"] = []
+    with tempfile.TemporaryDirectory(prefix="airgraph-tuning-bench-") as work:
+        for name in args.models.split(","):
+            print(f"== {name}", file=sys.stderr, flush=True)
+            result = bench_model(name, args.rounds, Path(work), args.budget)
+            out["models"].append(result)
+            print(
+                f"{name}: "
+                + ", ".join(f"{k} {v:.1f} us" for k, v in result["median_us"].items())
+                + " | "
+                + ", ".join(f"{k} {v:.3f}" for k, v in result["ratios"].items()),
+                flush=True,
+            )
+            write_json(out, args.output)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

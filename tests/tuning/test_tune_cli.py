@@ -1,0 +1,70 @@
+"""``airgraph tune`` and ``airgraph bank list|show|prune``, in-process through airgraph.cli.main."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from airgraph import cli
+from airgraph.tuning.bank import BankFile
+from tests.tuning.seed_format import validate
+
+MODEL = """
+import torch
+
+def airgraph_example():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 32)).eval()
+    return model, (torch.randn(8, 32),)
+"""
+
+
+@pytest.fixture
+def example(tmp_path):
+    path = tmp_path / "model.py"
+    path.write_text(MODEL)
+    return path
+
+
+def test_tune_prints_what_changed_and_the_bank_lists_it(tmp_path, example, capsys):
+    bank, work = tmp_path / "bank", tmp_path / "work"
+    args = ["tune", str(example), "--mode", "2", "--bank", str(bank), "--work-path", str(work)]
+    assert cli.main([*args, "--kernel-backend", "aten", "--budget", "0.01", "--no-progress"]) == 0
+    text = capsys.readouterr().out
+    assert "tuning" in text and "0/addmm" in text and "2/addmm_1" in text and "model graph" not in text
+    assert "operator (OPAT) tuning: 1 graph(s), 2 unit(s)" in text
+    (report,) = work.glob("aoe_result_opat_*.json")
+    assert f"report: {report}" in text and f"bank: {bank}" in text
+    document = json.loads(report.read_text())
+    validate(document, "op")
+    (bank_file,) = bank.glob("*.jsonl")
+    entries = BankFile(bank_file).entries()
+    tuned = [e for e in entries.values() if e.status == "tuned"]
+
+    assert cli.main(["bank", "list", "--bank", str(bank), "--all"]) == 0
+    listing = capsys.readouterr().out
+    assert f"{len(entries)} entries shown, 0 stale" in listing or f"{len(entries)} entry shown, 0 stale" in listing
+    for entry in entries.values():
+        assert entry.key in listing
+    key = next(iter(entries))
+    assert cli.main(["bank", "show", key[:8], "--bank", str(bank)]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["record"]["key"] == key and shown["stale"] is False and shown["env"]["device_type"] == "cpu"
+    assert len(tuned) == sum(1 for line in listing.splitlines() if "in use" in line)
+
+    assert cli.main(["bank", "prune", "--bank", str(bank)]) == 0
+    assert f"kept {len(entries)} record(s), dropped 0, removed 0 file(s)" in capsys.readouterr().out
+    assert cli.main(["bank", "prune", "--all", "--bank", str(bank)]) == 0
+    assert "removed 1 file(s)" in capsys.readouterr().out and not list(bank.glob("*.jsonl"))
+
+
+def test_tune_and_bank_usage_errors(tmp_path, example, capsys):
+    assert cli.main(["tune", str(example), "--mode", "3"]) == 2
+    assert "tuning.mode: invalid value '3'" in capsys.readouterr().err
+    assert cli.main(["tune", str(tmp_path / "missing.py"), "--mode", "op"]) == 2
+    assert "missing.py: no such file" in capsys.readouterr().err
+    assert cli.main(["bank", "show", "--bank", str(tmp_path)]) == 2
+    assert "show: give the KEY" in capsys.readouterr().err
+    assert cli.main(["bank", "show", "nokey", "--bank", str(tmp_path)]) == 1
+    assert "no entry with a key starting 'nokey'" in capsys.readouterr().err

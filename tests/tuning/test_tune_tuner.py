@@ -1,0 +1,289 @@
+"""Tuning end to end: a graph's first run measures, the bank keeps the winners, later compiles use them.
+
+Decisions are tested on the simulator's cost model (runtime/simulated.py: deterministic), outcomes on the real
+CPU runtime are tested for consistency (whatever wins on this machine)."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+import torch
+
+import airgraph
+from airgraph.backend import AirgraphBackend
+from airgraph.models import build_tiny_llama, decode_inputs
+from airgraph.runtime.simulated import SimulatedCuda
+from airgraph.tuning.bank import TUNED, BankFile
+from tests.helpers import assert_close, make_config
+from tests.tuning.seed_format import validate
+
+
+class MLP(torch.nn.Module):
+    def __init__(self, d: int = 32, h: int = 64) -> None:
+        super().__init__()
+        self.up, self.down = torch.nn.Linear(d, h), torch.nn.Linear(h, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(torch.relu(self.up(x)))
+
+
+@pytest.fixture
+def model_and_input():
+    torch.manual_seed(0)
+    return MLP().eval(), torch.randn(8, 32)
+
+
+def tuning_config(tmp_path, mode: str, **options):
+    return make_config(
+        **{"tuning.mode": mode, "tuning.bank_dir": str(tmp_path / "bank"), "tuning.work_path": str(tmp_path)},
+        **options,
+    )
+
+
+def bank_entries(tmp_path) -> dict:
+    files = list((tmp_path / "bank").glob("*.jsonl"))
+    return {k: e for f in files for k, e in BankFile(f).entries().items()}
+
+
+def run_tuned(model, x, config, runtime=None):
+    backend = AirgraphBackend(config, runtime=runtime)
+    events: list[tuple[str, str]] = []
+    backend.tuner.progress = lambda event, **info: events.append((event, info["name"]))
+    compiled = torch.compile(model, backend=backend)
+    with torch.no_grad():
+        first, second = compiled(x), compiled(x)
+    return backend, first, second, events
+
+
+def test_operator_tuning_on_the_cost_model_keeps_the_defaults_and_remembers(tmp_path, model_and_input):
+    model, x = model_and_input
+    config = tuning_config(tmp_path, "op", kernel_backend="aten", **{"tuning.budget_s": 0.2})
+    backend, first, second, events = run_tuned(model, x, config, SimulatedCuda())
+    with torch.no_grad():
+        assert_close(first, model(x)) and assert_close(second, model(x))
+    report = backend.tuner.report
+    (task,) = report.tasks
+    # Prepacked weights cost what ATen's GEMM costs in the cost model (one op, same bytes): nothing beats it.
+    assert [(o.op_type, o.status) for o in task.outcomes] == [("addmm", "unsatisfied"), ("addmm", "unsatisfied")]
+    assert [e for e in events if e[0] == "unit"] == [("unit", "up/addmm"), ("unit", "down/addmm_1")]
+    document = json.loads(report.path.read_text())
+    validate(document, "op")
+    summary = document[task.key][1]["OPAT"]["repo_summary"]
+    assert summary["repo_unsatisfied_num"] == 2 and summary["total_num"] == 2
+    assert all(e.status != TUNED for e in bank_entries(tmp_path).values())  # memos, not entries
+    torch._dynamo.reset()
+    again, *_, events = run_tuned(model, x, config, SimulatedCuda())
+    assert [o.status for o in again.tuner.report.tasks[0].outcomes] == ["unsatisfied", "unsatisfied"]
+    assert not [e for e in events if e[0] == "unit"]  # measured before: nothing measured again
+    assert again.reports[0].segments[0].chosen_by == "config"
+
+
+def test_ops_selects_operators_by_type_or_name(tmp_path, model_and_input):
+    model, x = model_and_input
+    config = tuning_config(
+        tmp_path, "op", kernel_backend="aten", **{"tuning.ops": ["down/addmm_1"], "tuning.budget_s": 0.1}
+    )
+    backend, *_ = run_tuned(model, x, config, SimulatedCuda())
+    assert [o.name for o in backend.tuner.report.tasks[0].outcomes] == ["down/addmm_1"]
+
+
+@pytest.mark.slow
+def test_subgraph_tuning_adds_a_faster_backend_that_later_compiles_use(tmp_path, model_and_input):
+    model, x = model_and_input
+    # Inductor's C++ kernels dispatch no ATen ops: on the cost model it beats the aten backend every time.
+    config = tuning_config(tmp_path, "subgraph", kernel_backend="aten", **{"tuning.subgraph_budget_s": 0.5})
+    backend, first, second, events = run_tuned(model, x, config, SimulatedCuda())
+    with torch.no_grad():
+        expected = model(x)
+    assert_close(first, expected) and assert_close(second, expected)
+    (task,) = backend.tuner.report.tasks
+    (outcome,) = task.outcomes
+    assert (outcome.status, outcome.tune_mode) == ("add", "Subgraph") and outcome.choice.startswith("inductor")
+    assert outcome.after_us < outcome.before_us and task.model_after_ms < task.model_before_ms
+    document = json.loads(backend.tuner.report.path.read_text())
+    validate(document, "subgraph")
+    added = document[task.key][1]["SGAT"]["repo_modified_subgraphs"]["add_repo_subgraphs"]
+    assert [a["repo_key"] for a in added] == [outcome.key]
+    (segment,) = backend.reports[0].segments  # the running graph was lowered again with the choice
+    assert (segment.backend, segment.chosen_by, segment.source) == ("inductor", "tuning", {"bank key": outcome.key})
+    entry = bank_entries(tmp_path)[outcome.key]
+    assert entry.status == TUNED and entry.choice["name"] == outcome.choice
+    assert entry.choice["options"]["backend"] == "inductor"
+
+    # A later compile, tuning off: the bank's choice, nothing measured.
+    torch._dynamo.reset()
+    plain = make_config(kernel_backend="aten", **{"tuning.bank_dir": str(tmp_path / "bank")})
+    with torch.no_grad():
+        report = airgraph.explain(model, x, config=plain)
+    (segment,) = report.graphs[0].segments
+    assert (segment.backend, segment.chosen_by, segment.source) == ("inductor", "tuning", {"bank key": outcome.key})
+    plain.tuning.use_bank = False
+    torch._dynamo.reset()
+    with torch.no_grad():
+        assert airgraph.explain(model, x, config=plain).graphs[0].segments[0].chosen_by == "config"
+
+    # Tuning again: found in the bank, nothing measured.
+    torch._dynamo.reset()
+    again, first, _, events = run_tuned(model, x, config, SimulatedCuda())
+    assert_close(first, expected)
+    assert [o.status for o in again.tuner.report.tasks[0].outcomes] == ["hit"]
+    assert not events
+    summary = json.loads(again.tuner.report.path.read_text())
+    assert next(iter(summary.values()))[1]["SGAT"]["repo_summary"]["repo_hit_num"] == 1
+
+
+def test_operator_tuning_on_this_cpu_is_consistent_and_reused(tmp_path, model_and_input):
+    """Whatever wins here: an added choice beat the default by at least 3% and runs in the graph; the tuned graph
+    equals eager; a later compile takes the same choices from the bank."""
+    model, x = model_and_input
+    config = tuning_config(tmp_path, "op", kernel_backend="aten", **{"tuning.ops": "linear", "tuning.budget_s": 1.0})
+    backend, first, second, _ = run_tuned(model, x, config)
+    with torch.no_grad():
+        assert_close(first, model(x)) and assert_close(second, model(x))
+    (task,) = backend.tuner.report.tasks
+    validate(json.loads(backend.tuner.report.path.read_text()), "op")
+    added = [o for o in task.outcomes if o.status == "add"]
+    for outcome in added:
+        assert outcome.after_us < outcome.before_us * 0.97
+        assert bank_entries(tmp_path)[outcome.key].choice["name"] == outcome.choice
+    assert {o.status for o in task.outcomes} <= {"add", "unsatisfied"}
+    segment = backend.reports[0].segments[0]
+    keys = {o.key for o in added}
+    if added:  # the graph runs the choices now, and a later compile gets them from the bank
+        assert segment.chosen_by == "tuning" and set(segment.source["bank key"].split(", ")) == keys
+        torch._dynamo.reset()
+        later = make_config(kernel_backend="aten", **{"tuning.bank_dir": str(tmp_path / "bank")})
+        with torch.no_grad():
+            report = airgraph.explain(model, x, config=later)
+        assert set(report.graphs[0].segments[0].source["bank key"].split(", ")) == keys
+    else:
+        assert segment.chosen_by == "config"
+
+
+def test_config_mode_tunes_the_first_run_of_each_graph(tmp_path, monkeypatch, model_and_input):
+    model, x = model_and_input
+    monkeypatch.setenv("AIRGRAPH_TUNE_MODE", "2")  # AOE's value for operator tuning
+    monkeypatch.setenv("AIRGRAPH_WORK_PATH", str(tmp_path))
+    config = airgraph.CompilerConfig()
+    config.kernel_backend = "aten"
+    config.tuning.budget_s = 0.05  # the first candidates only: this test is about when tuning runs
+    assert config.tuning.mode == "op" and config.tuning.work_path == str(tmp_path)
+    compiled = torch.compile(model, backend=airgraph.get_backend(config))
+    with torch.no_grad():
+        for _ in range(3):
+            assert_close(compiled(x), model(x))
+    (path,) = tmp_path.glob("aoe_result_opat_*.json")
+    document = json.loads(path.read_text())
+    validate(document, "op")
+    (task,) = document.values()
+    assert task[1]["OPAT"]["repo_summary"]["total_num"] == 2
+
+
+def test_torchair_names_tune_through_the_compat_backend(tmp_path, monkeypatch, model_and_input):
+    from airgraph.compat import torchair as tng
+
+    model, x = model_and_input
+    monkeypatch.delenv("AIRGRAPH_TUNE_BANK")  # airgraph's own variable would win over the seed's
+    monkeypatch.setenv("AOE_MODE", "2")
+    monkeypatch.setenv("TUNE_BANK_PATH", str(tmp_path / "aoe-bank"))
+    config = tng.CompilerConfig()
+    config.kernel_backend = "aten"
+    config.tuning.budget_s = 0.05
+    config.aoe_config.work_path = str(tmp_path / "results")
+    ops_file = tmp_path / "ops.json"
+    ops_file.write_text(json.dumps({"tune_ops_type": [], "tune_ops_name": ["up/addmm"]}))
+    config.aoe_config.aoe_config_file = str(ops_file)
+    backend = tng.get_npu_backend(compiler_config=config)
+    assert backend.config.tuning.mode == "op" and backend.config.tuning.bank_dir == str(tmp_path / "aoe-bank")
+    assert config.aoe_config.aoe_mode is None  # the script's config is not changed; the environment applies
+    compiled = torch.compile(model, backend=backend)
+    with torch.no_grad():
+        assert_close(compiled(x), model(x))
+    (path,) = (tmp_path / "results").glob("aoe_result_opat_*.json")
+    (task,) = json.loads(path.read_text()).values()
+    assert task[1]["OPAT"]["repo_summary"]["total_num"] == 1  # only the op the config file names
+    assert list((tmp_path / "aoe-bank").glob("*.jsonl"))
+    config.aoe_config.aoe_mode = "1"
+    assert config.tuning.mode == "subgraph" and config.aoe_config.aoe_mode == "1"
+    with pytest.raises(ValueError, match=r"aoe_config_file: .*missing\.json: no such file"):
+        config.aoe_config.aoe_config_file = str(tmp_path / "missing.json")
+
+
+def test_a_frozen_segment_sees_weight_updates(model_and_input):
+    """A segment compiled with its weights as constants checks them on every call: an update in place is seen."""
+    from airgraph.lowering.backends import get
+    from airgraph.lowering.request import LowerRequest
+    from airgraph.tuning.lowering import lower_tuned
+    from airgraph.tuning.operators import find_units
+    from tests.tuning.test_tune_operators import aten_graph
+
+    model, x = model_and_input
+    w, b = model.up.weight.detach().clone(), model.up.bias.detach().clone()
+    gm = aten_graph(lambda x, w, b: torch.nn.functional.linear(x, w, b), x, w, b)
+    assert find_units(gm)
+    fakes = [n.meta["val"] for n in gm.graph.find_nodes(op="placeholder")]
+    request = LowerRequest(gm, fakes, "inference", torch.device("cpu"), make_config(), options={"frozen": [1, 2]})
+    segment = lower_tuned(request, lambda r: get("aten")(r), inductor=False)
+    assert_close(segment([x, w, b])[0], torch.nn.functional.linear(x, w, b))
+    w.mul_(3)
+    with pytest.warns(UserWarning, match="frozen into a tuned segment was updated or replaced"):
+        out = segment([x, w, b])[0]
+    assert_close(out, torch.nn.functional.linear(x, w, b))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert_close(segment([x, w, b])[0], torch.nn.functional.linear(x, w, b))  # warned once
+
+
+def test_entries_of_another_torch_version_are_stale_and_never_used(tmp_path, monkeypatch, model_and_input):
+    import airgraph.tuning.source as source
+
+    model, x = model_and_input
+    config = tuning_config(tmp_path, "op", kernel_backend="aten", **{"tuning.budget_s": 0.05})
+    current = source.environment
+    monkeypatch.setattr(source, "environment", lambda device: {**current(device), "torch": "2.11.0"})
+    run_tuned(model, x, config, SimulatedCuda())  # the bank now holds the units, for torch "2.11.0"
+    monkeypatch.setattr(source, "environment", current)
+    torch._dynamo.reset()
+    backend, _, _, events = run_tuned(model, x, config, SimulatedCuda())
+    (task,) = backend.tuner.report.tasks
+    assert task.stale == 2 and "2 stale" in str(backend.tuner.report)
+    assert [o.status for o in task.outcomes] == ["unsatisfied", "unsatisfied"]  # measured again, here
+    assert [e for e in events if e[0] == "unit"]
+    assert len(list((tmp_path / "bank").glob("*.jsonl"))) == 2  # one file per environment
+
+
+@pytest.mark.slow
+def test_lowering_keeps_the_segment_graph_its_keys_come_from():
+    """Inductor may rewrite the graph it compiles in place (its C++ wrapper does): lowering hands it a copy, so a
+    segment keys the same before it is lowered (the seam's lookup) and after (the tuner, on the first run)."""
+    from airgraph.lowering.backends import get
+    from airgraph.lowering.keys import canonical_text
+    from airgraph.lowering.request import LowerRequest
+    from airgraph.tuning.lowering import compiling
+    from airgraph.tuning.operators import find_units
+
+    model = build_tiny_llama("micro")
+    tokens, pos = decode_inputs(model.config, 1, 3)
+    state = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+
+    def step(state, tokens, pos):
+        return torch.func.functional_call(model, state, (tokens, pos))
+
+    from torch._inductor.decomposition import select_decomp_table
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    with torch.no_grad():
+        trace = make_fx(lambda *a: (step(*a),), tracing_mode="fake", decomposition_table=select_decomp_table())
+        gm = trace({k: v.clone() for k, v in state.items()}, tokens, pos)
+        expected = model(tokens, pos)
+    before = canonical_text(gm)
+    inputs = [n.meta["val"] for n in gm.graph.find_nodes(op="placeholder")]
+    request = LowerRequest(gm, inputs, "inference", torch.device("cpu"), make_config(), options={"cpp_wrapper": True})
+    with compiling(inputs):
+        compiled = get("inductor")(request)
+    assert canonical_text(gm) == before and find_units(gm)
+    real = [v.detach().clone() for v in state.values()]
+    with torch.no_grad():
+        assert_close(compiled([*real, tokens, pos])[0], expected)
