@@ -5,11 +5,12 @@ vectorized partial sums, decomposes softmax, layer norm and GELU into other (equ
 aten backend runs the decomposed ATen ops instead of the fused eager kernels. Each reordering moves a result
 by a few float32 ulps (2**-23 ~ 1.2e-7) of the magnitude of the terms it sums, and the errors add up through
 the layers. For these tiny models (2 layers, hidden size 32, sums of at most a few hundred terms) that is
-~1e-6 relative in the worst output element, so:
+~1e-6 relative in the worst element, so:
 
-- outputs and parameters: ``rtol=1e-4`` and ``atol=1e-5`` times the tensor's largest magnitude (at least 1): a
-  100x margin over the error above, but still 1000x below any real bug (a wrong mask, a lost bias, a stale
-  buffer, a wrong stride change values by 1e-2 or more of the scale);
+- outputs and parameters: ``rtol=1e-4`` and ``atol=1e-5`` times the tensor's largest magnitude (at least 1),
+  still 100x below any real bug (a wrong mask, a lost bias, a stale buffer or a wrong stride change values
+  by 1e-2 or more of the scale). Measured over the whole zoo (torch 2.13, CPU): the worst element uses 5% of
+  its tolerance (wav2vec2's gradients), the worst inference output 2% (T5's logits);
 - gradients: ``rtol=1e-4`` and an absolute floor of ``1e-5`` times the largest gradient of the whole model.
   Some gradients are zero in exact arithmetic: softmax is invariant to adding the same value to every score
   of a row, so the attention key bias (BERT, GPT-2, Qwen2, Whisper, MultiheadAttention) gets d loss / d b_k =

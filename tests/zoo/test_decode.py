@@ -1,6 +1,7 @@
 """The zoo's LLaMA generating with a ``transformers`` StaticCache, the case reduce-overhead is for: a prefill,
 then one-token decode steps that write the key/value caches in place, recorded once and replayed on the
-simulated CUDA runtime. Every step's logits are kept to the end, and the caches must hold eager's values."""
+simulated CUDA runtime with Inductor's kernels (the configuration a GPU runs). Every step's logits are kept
+to the end, and the caches must hold eager's values."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def test_static_cache_decode_is_captured_once_and_replayed():
     spec = next(s for s in HF_SPECS if s.name == "llama")
     eager, model = spec.build().eval(), spec.build().eval()
     config = airgraph.CompilerConfig()
-    config.mode, config.kernel_backend = "reduce-overhead", "aten"
+    config.mode = "reduce-overhead"  # Inductor kernels: the default
     sim = SimulatedCuda()
     backend = AirgraphBackend(config, runtime=sim)
     compiled = torch.compile(model, backend=backend)
