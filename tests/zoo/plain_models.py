@@ -12,6 +12,8 @@
   sums both uses, and the tie survives an optimizer step).
 - ``inplace_buffers``: buffers updated in place in ``forward`` (a step counter, a running mean, a ring
   of the last inputs), read by the same forward.
+- ``dropout``: ``nn.Dropout`` and ``F.dropout`` in training: the compiled step must draw eager's masks
+  from the same seed (the zoo's transformers models have their dropout off).
 """
 
 from __future__ import annotations
@@ -112,6 +114,17 @@ class InPlaceBuffers(nn.Module):
         return self.proj(x - self.running) + self.ring.sum(0) * self.steps
 
 
+class Dropout(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.second = nn.Linear(16, 32), nn.Linear(32, 8)
+        self.drop = nn.Dropout(0.3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.drop(torch.relu(self.first(x)))
+        return self.second(h) + F.dropout(x[:, :8], 0.5, training=self.training)
+
+
 def _built(cls: type) -> nn.Module:
     torch.manual_seed(0)
     return cls()
@@ -160,4 +173,5 @@ PLAIN_SPECS: list[Spec] = [
     _spec("channels_last", _channels_last_model, _channels_last_inputs),
     _spec("tied_weights", lambda: _built(TiedWeights), _ids),
     _spec("inplace_buffers", lambda: _built(InPlaceBuffers), _vectors),
+    _spec("dropout", lambda: _built(Dropout), _vectors),
 ]
