@@ -399,6 +399,7 @@ class StaticKernelsConfig(OptionGroup):
         env="WORLD_SIZE",
     )
 
+
 # AOE's AOE_MODE values: "1" subgraph tuning (SGAT), "2" operator tuning (OPAT).
 _AOE_MODES = {"1": "subgraph", "2": "op"}
 
