@@ -10,6 +10,9 @@ Options live in nested groups, in the spirit of TorchAir's ``CompilerConfig``::
 Every assignment is validated: a bad value raises ``ValueError`` naming the option, the value and what is
 allowed; an unknown option raises ``AttributeError`` suggesting the nearest name. This module is also the
 only place that reads environment variables.
+
+(Over 400 lines because every option of every feature is declared here, in one place, by design: one file to
+read for what can be set, one reader of the environment.)
 """
 
 from __future__ import annotations

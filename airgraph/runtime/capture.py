@@ -70,8 +70,6 @@ also sends per-call CPU scalars that kernels read, such as the floats Dynamo pas
 (a SymInt or Python number computed from input data, a CPU tensor a kernel reads directly) is refused by
 :func:`airgraph.lowering.capture_plan.find_uncapturable` and runs uncaptured.
 
-(Past 400 lines: the policy above and the class that carries it out read together; the output plan is at the end.)
-
 (Over 400 lines because reduce-overhead's whole policy is documented here, beside the one class that carries
 it out; the output copy policy's code is outputs.py, the host work's host.py.)
 """

@@ -37,9 +37,6 @@ recording computes with them); they are allocations the lifetime checker follows
 Problems are collected in :attr:`SimulatedCuda.problems`; ``check()`` raises :class:`StreamRaceError` with
 all of them.
 
-(Past 400 lines: the runtime and its checker share every access; the GPU state it models and its simulated device
-are apart, in simulated_state.py and simulated_device.py.)
-
 (Over 400 lines because the checker's rules and the GPU state it models are documented here in full, beside the
 one class that implements them; the state itself lives in simulated_state.py, the simulated device in
 simulated_device.py.)
