@@ -17,6 +17,7 @@ import hashlib
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
 __all__ = ["canonical_text", "graph_key", "shape_key"]
 
@@ -77,9 +78,15 @@ def _value_meta(val: Any) -> str:
 
 
 def _constant(value: Any) -> str:
+    if isinstance(value, FakeTensor):  # a constant known by its metadata only
+        return f"tensor({str(value.dtype).removeprefix('torch.')}, {tuple(value.shape)}, fake)"
     if isinstance(value, torch.Tensor):
-        data = value.detach().cpu().contiguous()
-        digest = hashlib.sha256(data.view(torch.uint8).numpy().tobytes() if data.numel() else b"").hexdigest()[:16]
+        # A real constant read while a graph compiles, under the compile's FakeTensorMode: leave that mode to
+        # read its bytes (as a kernel would read them), else fake mode refuses the real tensor.
+        with unset_fake_temporarily():
+            data = value.detach().cpu().contiguous()
+            digest = hashlib.sha256(data.reshape(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
+        digest = digest[:16]
         return f"tensor({str(value.dtype).removeprefix('torch.')}, {tuple(value.shape)}, {digest})"
     return repr(value)
 
