@@ -18,16 +18,12 @@ from tests.zoo.compare import assert_grads_close, assert_tensors_close
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "#14: the simulated runtime records a graph by running it on zero-filled static buffers; Inductor's "
-        "max_pool2d backward turns the forward's saved int8 window offsets into input indices, and offset 0 in a "
-        "window over the padding is index -9: 'index -9 is out of bounds', so the simulator runs the backward "
-        "uncaptured (a CUDA recording executes nothing and captures it). Found on HF ResNet's training step."
-    ),
-)
 def test_simulated_capture_of_a_max_pool_backward():
+    """#14: the simulator recorded a graph by running it on zero-filled static buffers; Inductor's max_pool2d
+    backward turns the forward's saved int8 window offsets into input indices, and offset 0 in a window over the
+    padding is index -9: 'index -9 is out of bounds', so the backward ran uncaptured (a CUDA recording executes
+    nothing and captures it). The recording now runs on the call's inputs. Found on HF ResNet's training step."""
+
     def build() -> nn.Module:
         torch.manual_seed(0)
         return nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.MaxPool2d(3, 2, 1))
