@@ -25,7 +25,7 @@ from torch.utils import _pytree as pytree
 
 from airgraph.export.errors import ExportError
 from airgraph.graph import source as sources
-from airgraph.graph.source import Frame, frames_of_exception, frames_of_text
+from airgraph.graph.source import Frame, exception_chain, frames_of_exception, frames_of_text
 
 __all__ = [
     "DYNAMIC_AXES",
@@ -148,7 +148,7 @@ def conversion_error(exc: BaseException, program: torch.export.ExportedProgram) 
     failed_rerun = _rerun_error(exc)
     if failed_rerun is not None:
         return failed_rerun
-    text = "\n".join(str(e) for e in _exception_chain(exc))
+    text = "\n".join(str(e) for e in exception_chain(exc))
     target = re.search(r"target=([\w.:]+)\]", text) or re.search(
         r"No ONNX function found for <OpOverload\(op='([^']+)'", text
     )
@@ -178,7 +178,7 @@ def _rerun_error(exc: BaseException) -> ExportError | None:
     own (decomposed) graph and appends the user's frames after "Original traceback:"; the node's name says
     nothing about the captured program, so the source comes from those frames.
     """
-    for error in reversed(_exception_chain(exc)):  # innermost first: the op's own message
+    for error in reversed(exception_chain(exc)):  # innermost first: the op's own message
         text = str(error)
         match = _RERUN.search(text)
         if match is None:
@@ -190,15 +190,6 @@ def _rerun_error(exc: BaseException) -> ExportError | None:
         detail = f"torch.onnx failed running {op} on its decomposed graph{where}: {_first_line(error)}"
         return ExportError("conversion failed", detail, source=source)
     return None
-
-
-def _exception_chain(exc: BaseException) -> list[BaseException]:
-    chain: list[BaseException] = []
-    current: BaseException | None = exc
-    while current is not None and current not in chain:
-        chain.append(current)
-        current = current.__cause__ or current.__context__
-    return chain
 
 
 def _first_line(exc: BaseException) -> str:

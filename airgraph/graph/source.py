@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["Frame", "frames_of_exception", "frames_of_text", "user_source"]
+__all__ = ["Frame", "exception_chain", "frames_of_exception", "frames_of_text", "user_source"]
 
 Frame = tuple[str, int, str]  # file, line, code
 
@@ -58,3 +58,13 @@ def frames_of_exception(exc: BaseException) -> list[Frame]:
         out.append((filename, line, linecache.getline(filename, line)))
         tb = tb.tb_next
     return out
+
+
+def exception_chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and its causes and contexts, outermost first (what failed inside PyTorch is wrapped, often twice)."""
+    chain: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and current not in chain:
+        chain.append(current)
+        current = current.__cause__ or current.__context__
+    return chain
