@@ -13,6 +13,7 @@ from torch import nn
 
 import airgraph
 from airgraph.backend import AirgraphBackend
+from airgraph.report.explain import PlanError
 from airgraph.runtime.simulated import SimulatedCuda
 from tests.zoo.compare import assert_grads_close, assert_tensors_close
 
@@ -56,16 +57,11 @@ def branchy(x: torch.Tensor) -> torch.Tensor:
     return y - 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "#14: airgraph.plan of a function with a data-dependent Python branch raises PyTorch's bare "
-        "DataDependentOutputException('aten._local_scalar_dense.default'), naming neither the problem nor the "
-        "line (dynamo_export names both); found planning the zoo's graph_break model"
-    ),
-)
 def test_plan_names_a_data_dependent_branch():
-    with pytest.raises(Exception) as info:
+    """#14: airgraph.plan of a function with a data-dependent Python branch raised PyTorch's bare
+    DataDependentOutputException('aten._local_scalar_dense.default'), naming neither the problem nor the line
+    (dynamo_export names both); found planning the zoo's graph_break model."""
+    with pytest.raises(PlanError) as info:
         airgraph.plan(branchy, torch.randn(4), device="cuda")
     lines = Path(__file__).read_text().splitlines()
     line = next(i for i, text in enumerate(lines, 1) if text.endswith("# line BRANCH"))
