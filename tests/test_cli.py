@@ -299,6 +299,19 @@ def test_inspect_plans_for_cuda_without_a_gpu(tmp_path, capsys):
     assert all(n["placement"] in ("device", "host") for n in graph["nodes"])
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="plans for CUDA only where there is no GPU")
+def test_inspect_planning_a_data_dependent_branch_exits_1_naming_the_line(tmp_path, capsys):
+    script = tmp_path / "branchy.py"
+    script.write_text(
+        "import torch\n\ndef branchy(x):\n    if x.sum() > 0:\n        return x + 1\n    return x - 1\n\n"
+        "def airgraph_example():\n    return branchy, (torch.randn(4),)\n"
+    )
+    assert cli.main(["inspect", str(script), "--device", "cuda", "--kernel-backend", "aten"]) == 1
+    err = capsys.readouterr().err
+    assert f"data-dependent branch or value at {script}:4" in err and "--device cpu" in err
+    assert "Traceback" not in err
+
+
 @pytest.mark.parametrize(
     ("source", "expected"),
     [

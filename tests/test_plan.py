@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 import torch
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensor,
+    FakeTensorMode,
+)
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from airgraph.lowering.backends import KERNEL_BACKENDS
 from airgraph.lowering.capture_plan import find_uncapturable
 from airgraph.models import build_tiny_llama, decode_inputs
 from airgraph.passes import run_pipeline
-from airgraph.report.explain import explain, plan
+from airgraph.report.explain import PlanError, explain, plan
 from airgraph.report.fake import fake_cuda_guard, fake_inputs
 from tests.helpers import assert_close, compile_with, make_config
 from tests.passes.test_host_placement import context
@@ -187,3 +193,72 @@ def test_numerics_equal_eager_on_cpu_where_the_pass_is_a_no_op(mode):
         placement = {p.name: p for p in graph.passes}["host_placement"]
         assert placement.changed == 0 and "runs on the CPU" in placement.details[0]
         assert {n.placement for n in graph.nodes} == {"device"}
+
+
+def line_of(marker: str) -> str:
+    """``file:line`` of the line of this file that ends with ``# marker``."""
+    lines = Path(__file__).read_text().splitlines()
+    return f"{__file__}:{next(i for i, text in enumerate(lines, 1) if text.endswith(f'# {marker}'))}"
+
+
+def scaled_by_its_sum(x: torch.Tensor) -> torch.Tensor:
+    n = x.sum().item()  # VALUE_LINE
+    return x * n
+
+
+class Gated(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.proj(x)
+        if (y > 0).any():  # BRANCH_LINE
+            return y.relu()
+        return y
+
+
+def nonzero_rows(x: torch.Tensor) -> torch.Tensor:
+    return torch.nonzero(x).float().sum() + x  # SHAPE_LINE
+
+
+@pytest.mark.parametrize(
+    ("fn", "marker", "reason", "op", "cause"),
+    [
+        (
+            scaled_by_its_sum,
+            "VALUE_LINE",
+            "data-dependent branch or value",
+            "_local_scalar_dense",
+            DataDependentOutputException,
+        ),
+        (Gated(), "BRANCH_LINE", "data-dependent branch or value", "_local_scalar_dense", DataDependentOutputException),
+        (nonzero_rows, "SHAPE_LINE", "data-dependent shape", "aten.nonzero", DynamicOutputShapeException),
+    ],
+    ids=["item", "branch in a module", "nonzero"],
+)
+def test_planning_code_that_needs_a_value_names_it_and_the_line(fn, marker, reason, op, cause):
+    """Fake tensors have no values: a graph break before a Python branch on a tensor, ``.item()``, an op sized by
+    values, run eagerly on the planned (fake) outputs, cannot go on. The error says so, where, and what to do."""
+    with torch.no_grad(), pytest.raises(PlanError) as info:
+        plan(fn, torch.randn(2, 4), device="cuda", config=make_config(kernel_backend="aten"))
+    error, message = info.value, str(info.value)
+    assert error.reason == reason and error.source == line_of(marker), message
+    assert op in error.op and isinstance(error.__cause__, cause)
+    assert f"{reason} at {line_of(marker)}" in message and "fake tensors" in message
+    assert "airgraph.explain" in message and "torch.where" in message  # how to get around it
+
+
+def test_explain_on_fake_inputs_names_a_data_dependent_branch_too():
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    x = fake_inputs(torch.randn(2, 4), device="cuda", mode=mode)
+    with torch.no_grad(), pytest.raises(PlanError, match="data-dependent branch or value") as info:
+        explain(Gated(), x, config=make_config(kernel_backend="aten"))
+    assert info.value.source == line_of("BRANCH_LINE")
+
+
+def test_explain_on_real_inputs_takes_the_branch():
+    """What the error advises: on real inputs the branch runs, and the graphs before and after it compile."""
+    with torch.no_grad():
+        report = explain(Gated(), torch.randn(2, 4), config=make_config(kernel_backend="aten"))
+    assert report.dynamo_graphs == 2 and not any(g.planned for g in report.graphs)

@@ -75,9 +75,12 @@ def cmd_inspect(args: argparse.Namespace, console: Console) -> int:
     status = make_console(stderr=True).status(f"{what} with airgraph ({config.mode}, {config.kernel_backend})")
     with status, grad:
         if planning:
-            from airgraph.report.explain import plan
+            from airgraph.report.explain import PlanError, plan
 
-            report = plan(fn, *fargs, device=target_device, config=config, **fkwargs)
+            try:
+                report = plan(fn, *fargs, device=target_device, config=config, **fkwargs)
+            except PlanError as exc:  # the model needs a value fake tensors do not have
+                raise CliError(f"{exc} (here: --device cpu runs it on this machine)", code=1) from None
         else:
             report = airgraph.explain(fn, *fargs, config=config, **fkwargs)
     render_report(report, console)

@@ -24,6 +24,8 @@ import torch
 from torch.utils import _pytree as pytree
 
 from airgraph.export.errors import ExportError
+from airgraph.graph import source as sources
+from airgraph.graph.source import Frame, exception_chain, frames_of_exception, frames_of_text
 
 __all__ = [
     "DYNAMIC_AXES",
@@ -37,10 +39,7 @@ __all__ = [
 ]
 
 DYNAMIC_AXES = (0, 1)
-_TORCH_DIR = os.path.dirname(torch.__file__)
-_AIRGRAPH_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_FRAME = re.compile(r'File "([^"]+)", line (\d+)[^\n]*(?:\n[ \t]*([^\n]*))?')
-Frame = tuple[str, int, str]  # file, line, code
+_EXPORT_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
 @dataclass
@@ -52,37 +51,9 @@ class Reference:
     non_tensor_outputs: int
 
 
-def _is_user_file(filename: str) -> bool:
-    if filename.startswith(("<frozen", "<eval_with_key")):
-        return False
-    path = os.path.abspath(filename)
-    return not path.startswith((_TORCH_DIR + os.sep, os.path.join(_AIRGRAPH_DIR, "export") + os.sep))
-
-
 def user_source(frames: Sequence[Frame]) -> tuple[str | None, str]:
     """``("file:line", code)`` of the innermost frame outside torch and airgraph.export, or ``(None, "")``."""
-    for filename, line, code in reversed(list(frames)):
-        if _is_user_file(filename):
-            return f"{filename}:{line}", code.strip()
-    return None, ""
-
-
-def _frames_of_text(text: str) -> list[Frame]:
-    return [(m.group(1), int(m.group(2)), m.group(3) or "") for m in _FRAME.finditer(text or "")]
-
-
-def _frames_of_exception(exc: BaseException) -> list[Frame]:
-    stack = getattr(exc, "real_stack", None)  # Dynamo: the user's frames at the failure
-    if stack:
-        return [(f.filename, f.lineno or 0, f.line or "") for f in stack]
-    frames = _frames_of_text(str(exc))
-    if frames:
-        return frames
-    tb, out = exc.__traceback__, []
-    while tb is not None:
-        out.append((tb.tb_frame.f_code.co_filename, tb.tb_lineno, ""))
-        tb = tb.tb_next
-    return out
+    return sources.user_source(frames, skip=(_EXPORT_DIR,))
 
 
 @torch.no_grad()
@@ -148,7 +119,7 @@ def capture(
             "data-dependent control flow": "use torch.where or torch.cond instead of a Python if on a tensor",
             "data-dependent shape": "shapes must not depend on tensor values",
         }.get(reason)
-        source, code = user_source(_frames_of_exception(exc))
+        source, code = user_source(frames_of_exception(exc))
         message = f"{detail}{f' in `{code}`' if code else ''}{f' ({hint})' if hint else ''}"
         raise ExportError(reason, message, source=source) from exc
     return program, shapes
@@ -177,7 +148,7 @@ def conversion_error(exc: BaseException, program: torch.export.ExportedProgram) 
     failed_rerun = _rerun_error(exc)
     if failed_rerun is not None:
         return failed_rerun
-    text = "\n".join(str(e) for e in _exception_chain(exc))
+    text = "\n".join(str(e) for e in exception_chain(exc))
     target = re.search(r"target=([\w.:]+)\]", text) or re.search(
         r"No ONNX function found for <OpOverload\(op='([^']+)'", text
     )
@@ -188,7 +159,7 @@ def conversion_error(exc: BaseException, program: torch.export.ExportedProgram) 
         matches_name = node_name is not None and node.name == node_name.group(1)
         matches_op = op is not None and str(node.target).removeprefix("torch.ops.") == op
         if node.op == "call_function" and (matches_name or matches_op):
-            source, code = user_source(_frames_of_text(node.meta.get("stack_trace") or ""))
+            source, code = user_source(frames_of_text(node.meta.get("stack_trace") or ""))
             if source:
                 break
     if op is None:
@@ -207,27 +178,18 @@ def _rerun_error(exc: BaseException) -> ExportError | None:
     own (decomposed) graph and appends the user's frames after "Original traceback:"; the node's name says
     nothing about the captured program, so the source comes from those frames.
     """
-    for error in reversed(_exception_chain(exc)):  # innermost first: the op's own message
+    for error in reversed(exception_chain(exc)):  # innermost first: the op's own message
         text = str(error)
         match = _RERUN.search(text)
         if match is None:
             continue
         op = match.group(2).removeprefix("torch.ops.")
         _, _, original = text.partition("Original traceback:")
-        source, code = user_source(_frames_of_text(original))
+        source, code = user_source(frames_of_text(original))
         where = f" (called in `{code}`)" if code else ""
         detail = f"torch.onnx failed running {op} on its decomposed graph{where}: {_first_line(error)}"
         return ExportError("conversion failed", detail, source=source)
     return None
-
-
-def _exception_chain(exc: BaseException) -> list[BaseException]:
-    chain: list[BaseException] = []
-    current: BaseException | None = exc
-    while current is not None and current not in chain:
-        chain.append(current)
-        current = current.__cause__ or current.__context__
-    return chain
 
 
 def _first_line(exc: BaseException) -> str:

@@ -21,7 +21,10 @@ plan under ``torch.no_grad()`` there (a CUDA build of PyTorch plans them without
 
 Planned outputs are empty fake tensors shaped like the traced outputs (``AirgraphBackend(plan_only=True)``),
 so code after a graph break still runs; a data-dependent size (``.item()``) is unknown when planning and
-counts as 1 there.
+counts as 1 there. Code that needs a value runs on those fake tensors too: a Python branch on a tensor
+(``if y.sum() > 0:``, where Dynamo breaks the graph and runs the ``if`` eagerly), ``.item()`` outside a graph, an op
+whose output size depends on values. Fake tensors have no values, so planning cannot go on: it raises
+:class:`PlanError`, naming the user's line and the ways around it.
 """
 
 from __future__ import annotations
@@ -31,15 +34,38 @@ from collections import Counter
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensor,
+    FakeTensorMode,
+)
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 from torch.utils._pytree import tree_leaves
 
 from airgraph.backend import AirgraphBackend
 from airgraph.config import CompilerConfig
+from airgraph.graph.source import exception_chain, frames_of_exception, user_source
 from airgraph.report.fake import fake_cuda_guard, fake_inputs, faked_state
 from airgraph.report.schema import ExplainReport
 
-__all__ = ["explain", "plan", "write_trace"]
+__all__ = ["PlanError", "explain", "plan", "write_trace"]
+
+_REPORT_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+class PlanError(RuntimeError):
+    """Planning met code that needs a tensor's value, which fake tensors do not have.
+
+    ``reason``: ``"data-dependent branch or value"`` (a Python ``if`` on a tensor, ``.item()``, ``bool()``) or
+    ``"data-dependent shape"`` (an op whose output size depends on values, ``nonzero``); ``source``: ``"file:line"``
+    of the user's code, when known; ``op``: the op that needed the value. The torch exception is the ``__cause__``.
+    """
+
+    def __init__(self, reason: str, detail: str, *, source: str | None = None, op: str | None = None) -> None:
+        self.reason, self.detail, self.source, self.op = reason, detail, source, op
+        where = f" at {source}" if source else ""
+        super().__init__(f"airgraph.plan: {reason}{where}: {detail}")
 
 
 def explain(fn: Any, *args: Any, config: CompilerConfig | None = None, **kwargs: Any) -> ExplainReport:
@@ -100,6 +126,9 @@ def _explain(
                 "through the autograd engine, which needs a CUDA build of PyTorch even with fake tensors; on a "
                 "CPU-only build, plan inference: call explain/plan under torch.no_grad()"
             ) from exc
+        error = _data_dependent(exc) if backend.plan_only else None
+        if error is not None:
+            raise error from exc
         raise
     if backend.config.debug.trace_path and not backend.plan_only:
         write_trace(compiled, args, kwargs, backend.config.debug.trace_path)
@@ -111,6 +140,39 @@ def _explain(
         dynamo_graphs=backend.dynamo_graphs,
         graph_breaks=breaks,
     )
+
+
+def _data_dependent(exc: BaseException) -> PlanError | None:
+    """A :class:`PlanError` for a planning failure that needed a tensor's value, naming the user's line; else None."""
+    cause = exception_chain(exc)
+    dynamic = next((e for e in cause if isinstance(e, DynamicOutputShapeException)), None)
+    value = next((e for e in cause if isinstance(e, (DataDependentOutputException, GuardOnDataDependentSymNode))), None)
+    found = value if value is not None else dynamic
+    if found is None:
+        return None
+    op = str(found.func) if isinstance(found, (DataDependentOutputException, DynamicOutputShapeException)) else None
+    source, code = None, ""
+    for error in (found, *cause):  # the failure's own frames, else a wrapper's (Dynamo's real_stack)
+        source, code = user_source(frames_of_exception(error), skip=(_REPORT_DIR,))
+        if source is not None:
+            break
+    if found is value:
+        reason = "data-dependent branch or value"
+        what = f"{op} reads a tensor's value on the host" if op else "a guard depends on a tensor's value"
+        examples = "a Python `if` on a tensor, .item(), bool(), int()"
+        graph_fix = "keep the choice in the graph (torch.where, torch.cond) or branch on shapes, not values"
+    else:
+        reason = "data-dependent shape"
+        what = f"{op}'s output size depends on a tensor's values"
+        examples = "nonzero, boolean-mask indexing, unique"
+        graph_fix = "give the op a size known from shapes (torch.where, a fixed-size mask)"
+    in_code = f" in `{code}`" if code else ""
+    detail = (
+        f"planning runs on fake tensors, which have shapes but no values, and {what}{in_code} ({examples}). To plan "
+        f"it: run airgraph.explain(fn, *inputs) on real inputs on the device instead (it runs fn, so the value is "
+        f"known), or {graph_fix}"
+    )
+    return PlanError(reason, detail, source=source, op=op)
 
 
 def write_trace(fn: Any, args: tuple, kwargs: dict, path: str) -> None:

@@ -11,7 +11,9 @@ Inputs, per position:
   their addresses are part of the recording, so a moved one (``model.to``, ``load_state_dict(assign=True)``)
   makes the key re-capture;
 - every other tensor is copied into a static buffer before each replay (skipped when the caller passes the
-  buffer itself); a mutated one (in-place update in the graph) is copied back after the replay.
+  buffer itself); a mutated one (in-place update in the graph) is copied back after the replay. The buffers are
+  made by the call that records, holding its inputs as it got them (as CUDAGraph Trees record): a recording
+  reads nothing, but the simulator runs the function there, on values that keep an index in range.
 
 Memory: all keys of all graphs of one backend share one CUDA graph memory pool, as CUDAGraph Trees and
 TorchAir do, which is safe because a key's outputs never stay in the pool: see below. The pool lives as long as
@@ -308,12 +310,15 @@ class GraphCapture:
         if entry.state is CaptureState.UNCAPTURED:
             return self._run(args)
         # WARMUP: run for real (this call's results), then record if warm enough. Recording executes
-        # nothing, so the call's side effects happen exactly once.
+        # nothing, so the call's side effects happen exactly once. The recording's input buffers hold this call's
+        # inputs, copied before the warm-up can mutate them (see _input_buffers).
         keep = list(args)
+        recording = entry.warmups + 1 >= self._warmup_iters
+        buffers = self._input_buffers(keep) if recording else None
         outputs = self._warmup(args)
         entry.warmups += 1
-        if entry.warmups >= self._warmup_iters:
-            self._record(entry, keep)
+        if buffers is not None:
+            self._record(entry, keep, *buffers)
         return outputs
 
     def _new_key(self) -> _Key:
@@ -360,9 +365,28 @@ class GraphCapture:
                 runtime.record_stream(out, caller)
         return outputs
 
-    def _record(self, entry: _Key, args: list) -> None:
+    def _input_buffers(self, args: list) -> tuple[set[int], list[Any]]:
+        """The inputs used in place (positions), and the recording's inputs: those, and for every other device
+        input a static buffer of its own, holding the input's value. Its contents are copied in again before each
+        replay; a CUDA recording reads no data, but this call's inputs (as CUDAGraph Trees record with) are the
+        values a run of the recording would see, where uninitialized memory could hold an index out of range (the
+        simulator runs the function while recording). Made before the warm-up, which may mutate inputs. Host work's
+        inputs are read outside the graph."""
+        static = self._static_set | self._views_of_static(args)
+        buffers = [
+            a if i in static or not _is_device_tensor(a, i, self._split) else self._runtime.static_buffer(a)
+            for i, a in enumerate(args)
+        ]
+        for buffer, a in zip(buffers, args, strict=True):
+            if buffer is not a:
+                dims = expanded_dims(buffer)
+                self._runtime.copy_(one_per_expanded(buffer, dims), one_per_expanded(a, dims))
+        return static, buffers
+
+    def _record(self, entry: _Key, args: list, static: set[int], buffers: list[Any]) -> None:
+        """Record the key's graph on ``buffers`` (:meth:`_input_buffers`; ``static``: the inputs used in place)."""
         split = self._split
-        device_args, capture_fn = list(args), self._run
+        static_args, capture_fn = list(buffers), self._run
         if split is not None:  # host work: this call's (the warm-up just ran it), outside the recording
             statics, values = split.last_run
             split.last_run = None
@@ -370,14 +394,7 @@ class GraphCapture:
             boundary = split.boundary(values)
             transfers = split.transfers  # the boundary holds their copies first, then the feeds
             entry.refill = [(b, t) for b, t in zip(boundary[: len(transfers)], transfers, strict=True) if not t.static]
-            device_args, capture_fn = [*args, *boundary], split.device_fn
-        # Non-static device inputs get buffers of their own; their contents are copied in before each replay
-        # (recording reads no data, so they start uninitialized). Host work's inputs are read outside the graph.
-        static = self._static_set | self._views_of_static(args)
-        static_args = [
-            a if i in static or i >= len(args) or not _is_device_tensor(a, i, split) else self._runtime.static_buffer(a)
-            for i, a in enumerate(device_args)
-        ]
+            static_args, capture_fn = [*buffers, *boundary], split.device_fn
         self._runtime.clear_blas_workspaces()  # the recording's GEMMs get their workspace from the pool
         try:
             graph, static_outputs = self._runtime.capture(
@@ -396,7 +413,7 @@ class GraphCapture:
         finally:
             self._runtime.clear_blas_workspaces()
         entry.graph, entry.static_args, entry.static_outputs = graph, static_args, static_outputs
-        entry.owned = [a for i, a in enumerate(static_args) if i >= len(args) or a is not device_args[i]]
+        entry.owned = [a for i, a in enumerate(static_args) if i >= len(args) or a is not args[i]]
         entry.static_ptrs = self._static_ptrs(static_args, sorted(static))
         entry.static_checked = [i for i in sorted(static) if entry.static_ptrs[i] is not None]
         self._pool.static_storages.update(

@@ -31,8 +31,11 @@ says how each fails); ops that synchronise with the host raise inside a recordin
 function once on the static buffers (as recording would allocate them) and puts back every tensor argument it
 mutated and the random state (a recording executes nothing); ``replay`` runs it again on the same buffers and
 writes its results into the recorded outputs, so kept outputs, buffers and pool memory behave as a replayed CUDA
-graph's do. Static input buffers start zeroed (CUDA's are uninitialized; zeros keep an index in range when the
-recording computes with them); they are allocations the lifetime checker follows.
+graph's do. The recording runs on the call's inputs (GraphCapture copies them into its static buffers), so an
+index computed from them is in range; what it writes into its outputs is then overwritten (NaN, or every bit
+flipped), as a CUDA recording leaves them unwritten: results read from a recording rather than a replay are wrong
+here as on a GPU. Static input buffers start zeroed (CUDA's are uninitialized); they are allocations the lifetime
+checker follows.
 
 Problems are collected in :attr:`SimulatedCuda.problems`; ``check()`` raises :class:`StreamRaceError` with
 all of them.
@@ -254,6 +257,7 @@ class SimulatedCuda:
         finally:
             torch.set_rng_state(rng)
             with torch.no_grad():
+                _unwritten(graph.outputs, args)
                 for tensor, before in saved:
                     _copy_memory(tensor, before)
         return graph, graph.outputs
@@ -408,6 +412,24 @@ class SimulatedCuda:
     def _complete(self, stamp: tuple[int, int]) -> bool:
         """Whether the operation ``stamp`` was complete at the last device synchronize."""
         return self._completed.get(stamp[0], 0) >= stamp[1]
+
+
+def _unwritten(outputs: Any, args: list) -> None:
+    """The memory of a recording's outputs as a CUDA recording leaves it: never written. The recording ran on the
+    call's inputs, so its outputs hold that call's results, which a real one does not compute: each output storage
+    that is not an argument's is overwritten, floating point with NaN and other types with every bit flipped (a
+    value that differs from the result), so that whoever reads them before a replay gets wrong results, as on a GPU.
+    (An argument's memory is put back by :meth:`SimulatedCuda.capture`.)"""
+    taken = {storage(a) for a in args if isinstance(a, torch.Tensor)}
+    for out in outputs if isinstance(outputs, (list, tuple)) else ():
+        if not isinstance(out, torch.Tensor) or not out.untyped_storage().nbytes() or storage(out) in taken:
+            continue
+        taken.add(storage(out))
+        memory = torch.empty(0, dtype=out.dtype).set_(out.untyped_storage())  # all of it, once
+        if memory.is_floating_point() or memory.is_complex():
+            memory.fill_(float("nan"))
+        else:
+            memory.bitwise_not_()
 
 
 def _copy_memory(dst: torch.Tensor, src: torch.Tensor) -> None:

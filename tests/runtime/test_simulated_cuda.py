@@ -428,3 +428,62 @@ def test_parameters_replaced_every_call_stop_the_recordings_with_one_warning(cap
     assert report.recaptures == capture_module.MAX_RECAPTURES  # recorded again 3 times; the 4th move gives up
     assert "update them in place" in report.uncaptured_reason
     assert sum("moved" in r.getMessage() and r.levelno == logging.WARNING for r in caplog.records) == 1
+
+
+def shifted_rows(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """Rows ``idx - 8`` of ``x``: in range for the indices the tests pass (8 and up), out of range for zeros."""
+    return torch.index_select(x, 0, idx - 8) * 2
+
+
+def test_the_recording_runs_on_the_calls_inputs():
+    """The simulator runs the function while recording: on the call's inputs (GraphCapture copies them into its
+    static buffers, as CUDAGraph Trees record with them), an index computed from them is in range, as in the
+    max_pool2d backward of #14 (zeros would give index -8 here, and the key would run uncaptured)."""
+    x = torch.randn(4, 3)
+    calls = [(x, torch.tensor([8 + (i + j) % 4 for j in range(6)])) for i in range(4)]
+    got, backend = run_checked(shifted_rows, SimulatedCuda(), calls, mode="reduce-overhead", kernel_backend="aten")
+    assert backend.reports[0].captured, backend.reports[0].uncaptured_reason
+    for out, args in zip(got, calls, strict=True):
+        assert_close(out, shifted_rows(*args))
+
+
+def test_the_recording_sees_the_inputs_before_the_warm_up_mutated_them():
+    """The call that records runs the graph first (its results), which updates ``idx`` in place; the recording's
+    buffers hold ``idx`` as the call got it, when the graph's indices are in range."""
+
+    def fn(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        out = shifted_rows(x, idx)
+        idx.sub_(8)  # after the warm-up, idx - 8 is out of range
+        return out
+
+    x = torch.randn(4, 3)
+    calls = [(x, torch.tensor([8 + (i + j) % 4 for j in range(6)])) for i in range(4)]
+    want = [(fn(x, idx.clone()), idx - 8) for _, idx in calls]
+    got, backend = run_checked(fn, SimulatedCuda(), calls, mode="reduce-overhead", kernel_backend="aten")
+    assert backend.reports[0].captured, backend.reports[0].uncaptured_reason
+    for out, (_, idx), (want_out, want_idx) in zip(got, calls, want, strict=True):
+        assert_close(out, want_out)
+        assert_close(idx, want_idx)
+
+
+def test_a_recordings_outputs_hold_no_results_until_a_replay():
+    """A CUDA recording executes nothing: its outputs are unwritten memory until the first replay. The simulator
+    runs the function while recording, then overwrites what it wrote there (NaN, every bit of an integer flipped),
+    so that results taken from a recording are wrong here too; its arguments are put back."""
+
+    def fn(args: list) -> list:
+        x, idx = args
+        return [x * 2, idx + 1, x[idx], idx > 0, x.add_(1)]
+
+    sim = SimulatedCuda()
+    x, idx = torch.randn(4), torch.tensor([0, 3, 1])
+    want = fn([x.clone(), idx.clone()])
+    before = x.clone()
+    graph, outputs = sim.capture(fn, [x, idx], pool=sim.pool_handle(), stream=sim.new_stream(), device=None)
+    assert outputs[0].isnan().all() and outputs[2].isnan().all()
+    assert (outputs[1] == ~want[1]).all() and (outputs[3] == ~want[3]).all()
+    assert_close(x, before)  # the mutated argument, and its alias among the outputs, as they were
+    assert outputs[4] is x
+    graph.replay()
+    for got, expected in zip(outputs, want, strict=True):
+        assert_close(got, expected)

@@ -13,21 +13,18 @@ from torch import nn
 
 import airgraph
 from airgraph.backend import AirgraphBackend
+from airgraph.report.explain import PlanError
 from airgraph.runtime.simulated import SimulatedCuda
 from tests.zoo.compare import assert_grads_close, assert_tensors_close
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "#14: the simulated runtime records a graph by running it on zero-filled static buffers; Inductor's "
-        "max_pool2d backward turns the forward's saved int8 window offsets into input indices, and offset 0 in a "
-        "window over the padding is index -9: 'index -9 is out of bounds', so the simulator runs the backward "
-        "uncaptured (a CUDA recording executes nothing and captures it). Found on HF ResNet's training step."
-    ),
-)
 def test_simulated_capture_of_a_max_pool_backward():
+    """#14: the simulator recorded a graph by running it on zero-filled static buffers; Inductor's max_pool2d
+    backward turns the forward's saved int8 window offsets into input indices, and offset 0 in a window over the
+    padding is index -9: 'index -9 is out of bounds', so the backward ran uncaptured (a CUDA recording executes
+    nothing and captures it). The recording now runs on the call's inputs. Found on HF ResNet's training step."""
+
     def build() -> nn.Module:
         torch.manual_seed(0)
         return nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.MaxPool2d(3, 2, 1))
@@ -60,16 +57,11 @@ def branchy(x: torch.Tensor) -> torch.Tensor:
     return y - 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "#14: airgraph.plan of a function with a data-dependent Python branch raises PyTorch's bare "
-        "DataDependentOutputException('aten._local_scalar_dense.default'), naming neither the problem nor the "
-        "line (dynamo_export names both); found planning the zoo's graph_break model"
-    ),
-)
 def test_plan_names_a_data_dependent_branch():
-    with pytest.raises(Exception) as info:
+    """#14: airgraph.plan of a function with a data-dependent Python branch raised PyTorch's bare
+    DataDependentOutputException('aten._local_scalar_dense.default'), naming neither the problem nor the line
+    (dynamo_export names both); found planning the zoo's graph_break model."""
+    with pytest.raises(PlanError) as info:
         airgraph.plan(branchy, torch.randn(4), device="cuda")
     lines = Path(__file__).read_text().splitlines()
     line = next(i for i, text in enumerate(lines, 1) if text.endswith("# line BRANCH"))
