@@ -33,6 +33,7 @@ __all__ = [
     "LOCK_TIMEOUT",
     "StoreError",
     "append_line",
+    "check_header",
     "file_digest",
     "locked",
     "read_json",
@@ -99,6 +100,11 @@ def read_json(path: str | os.PathLike[str], *, format: str, version: int) -> dic
         raise
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise StoreError(f"{target}: not a readable JSON document ({exc}); remove it or restore it") from None
+    return check_header(document, target, format=format, version=version)
+
+
+def check_header(document: Any, target: str | os.PathLike[str], *, format: str, version: int) -> dict[str, Any]:
+    """``document`` (read from ``target``) if its header names ``format`` and ``version``; StoreError otherwise."""
     if not isinstance(document, dict) or document.get("format") != format:
         found = document.get("format") if isinstance(document, dict) else type(document).__name__
         raise StoreError(f"{target}: expected a {format!r} document, found {found!r}")

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from airgraph.store import StoreError, write_bytes_atomic
+from airgraph.store import StoreError, check_header, write_bytes_atomic
 
 __all__ = [
     "FORMAT",
@@ -121,14 +121,10 @@ def read_manifest(path: str | Path) -> dict[str, Any]:
             manifest = json.loads(archive.read(MANIFEST))
     except (zipfile.BadZipFile, OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise PackageError(f"{target}: not a readable kernel package ({exc}); rebuild or copy it again") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise PackageError(f"{target}: not an airgraph kernel package (format {manifest.get('format')!r})")
-    if manifest.get("version") != VERSION:
-        raise PackageError(
-            f"{target}: kernel package version {manifest.get('version')!r}, this airgraph reads version {VERSION}; "
-            "rebuild it with this airgraph"
-        )
-    return manifest
+    try:
+        return check_header(manifest, target, format=FORMAT, version=VERSION)
+    except StoreError as exc:
+        raise PackageError(f"not an airgraph kernel package of this version: {exc}") from None
 
 
 def package_name(path: str | Path) -> str:
