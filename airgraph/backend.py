@@ -5,8 +5,10 @@
 reaches :func:`airgraph_backend` through the ``torch_dynamo_backends`` entry point.
 
 AOTAutograd turns each Dynamo graph into functional ATen graphs: one inference graph, or a forward and
-a backward graph for training. Each of those goes through :meth:`AirgraphBackend.compile_graph`, which reads
-top to bottom:
+a backward graph for training. With Inductor kernels (the default), Inductor's own graph passes run where
+torch.compile runs them (lowering/inductor_passes.py): pre-grad on the Dynamo graph, joint-graph before the
+partitioner splits a training graph, or first thing on an inference graph. Each ATen graph goes through
+:meth:`AirgraphBackend.compile_graph`, which reads top to bottom:
 
 1. passes (airgraph/passes): the pipeline edits and annotates the graph (streams, host placement, ...);
 2. capture plan (lowering/capture_plan.py): in reduce-overhead, whether the graph can be captured and whether
@@ -42,6 +44,7 @@ from airgraph.graph.meta import SEGMENT, STREAM, placement
 from airgraph.graph.program import Segment
 from airgraph.kernels.static import StaticKernels
 from airgraph.kernels.warm import WarmGraph
+from airgraph.lowering import inductor_passes
 from airgraph.lowering.capture_plan import CapturePlan, describe_host_split, plan_capture
 from airgraph.lowering.host_split import split_host_work
 from airgraph.lowering.layouts import Layouts
@@ -113,7 +116,6 @@ class AirgraphBackend:
                 return warm
         compile_as = functools.partial(self.compile_graph, dynamo_graph=dynamo_graph)
         if self.config.kernel_backend == "inductor":
-            from torch._functorch.partitioners import min_cut_rematerialization_partition
             from torch._inductor import config as inductor_config
             from torch._inductor.decomposition import select_decomp_table
 
@@ -124,7 +126,10 @@ class AirgraphBackend:
             # "fast random" decompositions, which draw other numbers than eager.
             with inductor_config.patch(fallback_random=True):
                 decompositions = select_decomp_table()
-            partition_fn = functools.partial(min_cut_rematerialization_partition, compiler="inductor")
+            # Inductor's graph passes where torch.compile runs them (lowering/inductor_passes.py): pre-grad on
+            # the Dynamo graph; joint-graph passes before the partitioner (and on inference graphs, compile_graph)
+            gm = inductor_passes.pre_grad_passes(gm, example_inputs)
+            partition_fn = inductor_passes.partition_joint
         else:
             from torch._functorch.partitioners import default_partition
 
@@ -156,6 +161,9 @@ class AirgraphBackend:
             planned=self.plan_only,
         )
         request = GraphRequest(kind, device, config, static_kernels=self.static_kernels, tuning=self.tuning)
+        if kind == "inference" and config.kernel_backend == "inductor":
+            # Inductor's joint-graph passes, which a training graph got before its partitioner (__call__)
+            gm = inductor_passes.inference_passes(gm, example_inputs)
         placeholders = gm.graph.find_nodes(op="placeholder")
         outputs = list(gm.graph.find_nodes(op="output")[0].args[0])
         layouts = Layouts(placeholders, example_inputs)  # the strides values really have (lowering/layouts.py)

@@ -35,6 +35,9 @@ class Layouts:
     def __init__(self, placeholders: list[torch.fx.Node], example_inputs: list[Any]) -> None:
         # AOTAutograd's example inputs are the truth for the graph's inputs (restrided saved activations).
         self.values: dict[torch.fx.Node, Any] = dict(zip(placeholders, example_inputs, strict=True))
+        # A graph input a segment returns (partition.py: a lone segment returns the inputs the graph returns)
+        # may come back as a copy in another layout; the input itself keeps its own (``values``).
+        self.returned: dict[torch.fx.Node, Any] = {}
 
     def value(self, node: torch.fx.Node) -> Any:
         return self.values.get(node, node.meta.get("val"))
@@ -52,7 +55,9 @@ class Layouts:
         if values is None:
             return
         for node, value in zip(outputs, values, strict=True):
-            if isinstance(value, torch.Tensor) and not same_layout(value, node.meta.get("val")):
+            if node.op == "placeholder":
+                self.returned[node] = value
+            elif isinstance(value, torch.Tensor) and not same_layout(value, node.meta.get("val")):
                 self.values[node] = value
 
     def report(self, graph_outputs: list[Any]) -> None:
@@ -62,7 +67,7 @@ class Layouts:
             return
         context.output_strides.clear()
         for node in graph_outputs:
-            value = self.value(node) if isinstance(node, torch.fx.Node) else None
+            value = self.returned.get(node, self.value(node)) if isinstance(node, torch.fx.Node) else None
             context.output_strides.append(tuple(value.stride()) if isinstance(value, torch.Tensor) else None)
 
 

@@ -61,6 +61,12 @@ def partition(gm: torch.fx.GraphModule, *, streams: bool = True) -> list[Segment
     placeholders = gm.graph.find_nodes(op="placeholder")
     output_node = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
     graph_outputs = [a for a in torch.utils._pytree.tree_leaves(output_node.args[0]) if isinstance(a, torch.fx.Node)]
+    # A lone segment also returns the graph inputs the graph returns (a forward graph's parameters, saved for
+    # the backward), as torch.compile's Inductor graph does: Inductor may hand back a copy in the layout it
+    # converted the input to (a convolution's weight, channels-last), which the backward is then compiled for
+    # (lowering/layouts.py), instead of converting it again; and the segment stays the executor itself.
+    lone = len(segments) == 1 and not segments[0].sync
+    passthrough = {n: None for n in graph_outputs if n.op == "placeholder"} if lone else {}
     for seg in segments:
         members = set(seg.nodes)
         inputs: dict[torch.fx.Node, None] = {}
@@ -70,10 +76,11 @@ def partition(gm: torch.fx.GraphModule, *, streams: bool = True) -> list[Segment
                     inputs[arg] = None
         # Graph inputs first, in the graph's order, so a lone segment reading every input takes the graph's
         # argument list as it is (the executor is then the segment itself: no extra frame per call).
-        seg.inputs = [n for n in placeholders if n in inputs] + [n for n in inputs if n.op != "placeholder"]
+        seg.inputs = [n for n in placeholders if n in inputs or n in passthrough]
+        seg.inputs += [n for n in inputs if n.op != "placeholder"]
         escaping = [n for n in seg.nodes if any(user not in members for user in n.users)]
         # Graph outputs first, in output order, so a lone segment's outputs are the graph's outputs.
-        first = [n for n in dict.fromkeys(graph_outputs) if n in members]
+        first = [n for n in dict.fromkeys(graph_outputs) if n in members or n in passthrough]
         seg.outputs = first + [n for n in escaping if n not in set(first)]
         seg.written = written_inputs(seg.nodes, seg.inputs)
         if not seg.sync:

@@ -75,3 +75,39 @@ def test_layouts_cross_segment_boundaries(kernel_backend):
     sim.check()
     forward = next(r for r in backend.reports if r.kind == "forward")
     assert {s.stream for s in forward.segments} == {None, "side"}
+
+
+class PatchEmbed(torch.nn.Module):
+    """ViT's patch embedding: a strided convolution whose output is read as a sequence past a class token."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 16, 4, stride=4)
+        self.cls = torch.nn.Parameter(torch.randn(1, 1, 16))
+        self.head = torch.nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        tokens = self.conv(x).flatten(2).transpose(1, 2)
+        tokens = torch.cat([self.cls.expand(x.shape[0], -1, -1), tokens], dim=1)
+        return self.head(torch.nn.functional.layer_norm(tokens, (16,)))[:, 1:]
+
+
+def test_the_backward_gets_the_layouts_inductors_forward_converted_inputs_to():
+    """Inductor's forward converts the convolution's input and weight to channels-last and returns those copies
+    as the tensors saved for the backward (the forward graph returns its inputs): the backward is compiled for
+    them, as under torch.compile, instead of converting the gradient back (one kernel more)."""
+    from torch._inductor import metrics
+    from torch._inductor.utils import fresh_cache
+
+    torch.manual_seed(0)
+    model = PatchEmbed().train()
+    kernels = {}
+    for name in ("inductor", "airgraph"):
+        torch._dynamo.reset()
+        trained = copy.deepcopy(model)
+        compiled, _ = compile_with(trained) if name == "airgraph" else (torch.compile(trained, backend=name), None)
+        with fresh_cache():
+            metrics.reset()
+            train_steps(trained, compiled, steps=1)
+            kernels[name] = metrics.generated_kernel_count
+    assert kernels["airgraph"] == kernels["inductor"], kernels

@@ -150,3 +150,24 @@ def test_a_lone_segment_reading_inputs_out_of_order_is_still_the_executor():
     run = build_executor(gm, [segment], CPU)
     assert run is segment.compiled
     torch.testing.assert_close(run(list(args))[0], reversed_use(*args)[0])
+
+
+def test_a_lone_segment_returns_the_inputs_the_graph_returns():
+    """A forward graph returns inputs (parameters saved for the backward): the lone segment returns them too, so
+    Inductor may hand back its converted copies, and the segment is still the executor; an input nothing but
+    the output reads is among its inputs."""
+
+    def saving(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return torch.sin(x) * w, w, y, x
+
+    args = (torch.randn(4), torch.randn(4), torch.randn(4))
+    gm = make_fx(saving, tracing_mode="fake")(*args)
+    (segment,) = partition(gm)
+    names = [n.name for n in gm.graph.find_nodes(op="placeholder")]
+    assert [n.name for n in segment.inputs] == names
+    assert [n.name for n in segment.outputs][1:] == [names[1], names[2], names[0]]
+    lower_all([segment], "aten")
+    run = build_executor(gm, [segment], CPU)
+    assert run is segment.compiled
+    for got, want in zip(run(list(args)), saving(*args), strict=True):
+        torch.testing.assert_close(got, want)

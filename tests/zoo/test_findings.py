@@ -3,6 +3,7 @@ fix lands the case passes, strict makes it fail as XPASS, and the mark comes off
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -79,35 +80,45 @@ class CrossEntropyHead(nn.Module):
         return F.cross_entropy(self.proj(x), target)
 
 
-def _kernels_of_a_training_step(backend: Any) -> int:
-    """Inductor kernels generated for the forward and backward graphs of one step (cold caches: a cache hit
-    generates nothing)."""
+class OneHotHead(nn.Module):
+    """``full`` + ``scatter``: a pattern of Inductor's joint-graph passes (scatter_upon_const_tensor)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(16, 64)
+
+    def forward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        one_hot = torch.zeros(x.shape[0], 64).scatter(1, target[:, None], 1.0)
+        return self.proj(x) * one_hot
+
+
+def _kernels_generated(backend: Any, model: nn.Module, *, train: bool) -> int:
+    """Inductor kernels generated for the graphs of one call (training: forward and backward), with cold caches
+    (a cache hit generates nothing). The result is checked against eager."""
     from torch._inductor import metrics
     from torch._inductor.utils import fresh_cache
 
     torch._dynamo.reset()
-    torch.manual_seed(0)
-    model = CrossEntropyHead()
-    compiled = torch.compile(model, backend=backend)
+    compiled = torch.compile(copy.deepcopy(model), backend=backend)
     generator = torch.Generator().manual_seed(0)
     x, target = torch.randn(8, 16, generator=generator), torch.randint(0, 64, (8,), generator=generator)
-    with fresh_cache():
+    with fresh_cache(), torch.set_grad_enabled(train):
         metrics.reset()
-        compiled(x, target).backward()
-        return metrics.generated_kernel_count
+        got = compiled(x, target)
+        if train:
+            got.sum().backward()
+        kernels = metrics.generated_kernel_count
+        assert_tensors_close(got, model(x, target), "output")
+    return kernels
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "#14: airgraph (kernel_backend inductor) partitions with min_cut_rematerialization_partition directly, "
-        "so Inductor's joint-graph passes (torch._inductor.compile_fx.partition_fn runs them first; inference "
-        "graphs get them in compile_fx_forward) never run: cross-entropy's backward keeps full + scatter "
-        "(scatter_upon_const_tensor is not applied), one kernel more than torch.compile; 1.4x torch.compile's "
-        "step time with a vocabulary of 8192 (benchmark in the #14 report); 2-14 more kernels on the zoo's "
-        "training steps"
-    ),
-)
-def test_inductor_joint_graph_passes_run_as_in_torch_compile():
-    assert _kernels_of_a_training_step(airgraph.get_backend()) == _kernels_of_a_training_step("inductor")
+@pytest.mark.parametrize(("head", "train"), [(CrossEntropyHead, True), (OneHotHead, False)], ids=["train", "infer"])
+def test_inductor_joint_graph_passes_run_as_in_torch_compile(head: type[nn.Module], train: bool):
+    """#14: Inductor's joint-graph passes run under airgraph as in torch.compile: before the partitioner of a
+    training graph (cross-entropy's backward: ``full`` + ``scatter`` become one ``where``, one kernel fewer) and
+    on an inference graph; without them airgraph generates more kernels than torch.compile."""
+    torch.manual_seed(0)
+    model = head()
+    want = _kernels_generated("inductor", model, train=train)
+    assert _kernels_generated(airgraph.get_backend(), model, train=train) == want
