@@ -209,12 +209,17 @@ def main(argv: list[str] | None = None) -> int:
         specs[name].build()
     with tempfile.TemporaryDirectory(prefix="airgraph-zoo-bench-") as cache_root:
         _warm_workers(cache_root)
+        build_order = random.Random(1)
         for name in names:
             for phase in PHASES:
-                group = []
-                for candidate in CANDIDATES:
+                # Built in a shuffled order per model and phase: where a case's memory and code land depends on
+                # what was built before it (identical torch.compile copies differ by 1-2%), so no candidate is
+                # always built first.
+                built: dict[str, Case] = {}
+                for candidate in build_order.sample(CANDIDATES, len(CANDIDATES)):
                     console.print(f"compiling {name} {phase} {candidate}")
-                    group.append(build_case(specs[name], phase, candidate, cache_root))
+                    built[candidate] = build_case(specs[name], phase, candidate, cache_root)
+                group = [built[c] for c in CANDIDATES]  # eager first: the reference
                 for case in group[1:]:
                     case.max_rel_diff = check(case, group[0])
                 eager_us = sample_us(group[0].step, 5)
@@ -243,6 +248,7 @@ def main(argv: list[str] | None = None) -> int:
             "sample_ms": args.sample_ms,
             "threads": args.threads,
             "train_step": "grads to None, forward, loss, backward (no optimizer step)",
+            "build_order": "shuffled per model and phase (seeded)",
             "first_call": "cold Inductor caches (fresh folder, in-memory caches cleared)",
         },
         "results": results,
