@@ -25,8 +25,10 @@ sys.exit(0 if v >= (2, 11) else 'airgraph needs torch >= 2.11; found ' + torch._
 demo: $(STAMP)
 	$(VENV)/bin/airgraph demo
 
+# Two workers: the suite is mostly single-threaded Inductor compiles and spawned processes (2 cores: 12m47s
+# serial, cold caches).
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"
