@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
 import torch
@@ -51,3 +52,21 @@ def lower_all(segments: list, backend: str = "aten", *, kind: str = "inference",
 def assert_close(actual: Any, expected: Any) -> None:
     dtype = expected.dtype if isinstance(expected, torch.Tensor) else torch.float32
     torch.testing.assert_close(actual, expected, **TOLERANCES.get(dtype, {}))
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (for a rendezvous store)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@torch.library.custom_op("airgraph_test::unsafe_double", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+def unsafe_double(x: torch.Tensor) -> torch.Tensor:
+    """A custom op tagged ``cudagraph_unsafe``: capture must refuse a graph holding it."""
+    return x * 2
+
+
+@unsafe_double.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)

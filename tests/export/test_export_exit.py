@@ -12,7 +12,6 @@ thread is left, nor tqdm's monitor thread.
 from __future__ import annotations
 
 import json
-import socket
 import time
 from pathlib import Path
 
@@ -24,6 +23,7 @@ import torch
 from airgraph.export.leftovers import dynamo_capture_scope, no_leftovers
 from tests.export import seed_multicard
 from tests.export.export_models import SeedModel
+from tests.helpers import free_port
 
 RUNS = 20
 WORLD = 2
@@ -32,17 +32,11 @@ SEED_FILES = {"mp_rank0.onnx", "mp_rank1.onnx", "model_relation_config.json", "n
 EXPECTED = 2 * (2 + np.array([[1.1, 1.1], [1.1, 1.1]]) + np.array([[2.2, 2.2], [3.3, 3.3]]))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _spawn_seed(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> str | None:
     """One run of the seed's ``mp()``: two spawned ranks in ``workdir``; None if both exited 0, else why not."""
     monkeypatch.chdir(workdir)
     monkeypatch.setenv("MASTER_ADDR", "localhost")
-    monkeypatch.setenv("MASTER_PORT", str(_free_port()))
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
     try:
         torch.multiprocessing.spawn(seed_multicard.run_rank, args=(WORLD,), nprocs=WORLD, join=True)
     except torch.multiprocessing.ProcessExitedException as exc:  # a signal or a non-zero exit code

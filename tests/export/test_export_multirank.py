@@ -18,6 +18,7 @@ import torch
 from airgraph.export.atc_config import model_relation_config, numa_config
 from airgraph.export.runner import RunError, find_mpiexec
 from tests.export.export_models import run_without_torch
+from tests.helpers import free_port
 
 pytestmark = pytest.mark.slow  # multi-process exports / Inductor compiles of the tiny LLaMA
 
@@ -33,14 +34,8 @@ SEED_FILES = {
 RANK_FILES = {"dynamo.pbtxt", "export.json", "reference_inputs.npz", "reference_outputs.npz"}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _export(kind: str, out: Path, *extra: str) -> list[subprocess.Popen]:
-    port = _free_port()
+    port = free_port()
     cmd = [sys.executable, "-m", "tests.export.multirank_worker", kind]
     return [
         subprocess.Popen([*cmd, str(r), str(WORLD), str(port), str(out), *extra], stderr=subprocess.PIPE, text=True)

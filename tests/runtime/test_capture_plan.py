@@ -14,7 +14,7 @@ import airgraph.lowering.capture_rules as capture_rules
 from airgraph.graph.fake_guard import fake_cuda_guard
 from airgraph.lowering.capture_plan import find_uncapturable
 from airgraph.runtime.simulated import SimulatedCuda
-from tests.helpers import assert_close, compile_with
+from tests.helpers import assert_close, compile_with, unsafe_double
 
 
 def trace(fn, *specs: tuple[tuple[int, ...], str], dtype=torch.float32) -> torch.fx.GraphModule:
@@ -28,22 +28,12 @@ def test_a_graph_on_two_gpus_is_refused():
     assert find_uncapturable(gm) == "the graph touches cuda:0, cuda:1: one CUDA graph records the work of one device"
 
 
-@torch.library.custom_op("airgraph_test::unsafe_triple", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
-def unsafe_triple(x: torch.Tensor) -> torch.Tensor:
-    return x * 3
-
-
-@unsafe_triple.register_fake
-def _(x: torch.Tensor) -> torch.Tensor:
-    return torch.empty_like(x)
-
-
 def _masked_zero(x: torch.Tensor) -> torch.Tensor:
     return torch.ops.aten.index_put(x, [x > 0], torch.zeros((), device=x.device))
 
 
 TORCH_RULE = {  # what Inductor's rule (or its fallback) refuses, and how the refusal names it
-    "cudagraph_unsafe op": (lambda x: unsafe_triple(x) + 1, "is tagged cudagraph_unsafe"),
+    "cudagraph_unsafe op": (lambda x: unsafe_double(x) + 1, "is tagged cudagraph_unsafe"),
     "boolean index_put": (_masked_zero, "indexes with a boolean mask"),
     "sparse output": (lambda x: x.to_sparse() * 2, "has a sparse output"),
 }

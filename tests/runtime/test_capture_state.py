@@ -13,7 +13,7 @@ import airgraph.lowering.capture_plan as capture_plan
 from airgraph.runtime.device import UNCACHED_ALLOCATOR, _CudaRecording, record
 from airgraph.runtime.simulated import SimulatedCuda
 from airgraph.runtime.simulated_state import BREAK_POINTS
-from tests.helpers import assert_close, compile_with
+from tests.helpers import assert_close, compile_with, unsafe_double
 
 
 def call(sim: SimulatedCuda | None, fn, *args):
@@ -80,16 +80,6 @@ def test_a_capture_begin_that_fails_leaves_cuda_usable():
 
 
 # -- ops that synchronise with the host --------------------------------------------------------------------
-
-
-@torch.library.custom_op("airgraph_test::unsafe_double", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
-def unsafe_double(x: torch.Tensor) -> torch.Tensor:
-    return x * 2
-
-
-@unsafe_double.register_fake
-def _(x: torch.Tensor) -> torch.Tensor:
-    return torch.empty_like(x)
 
 
 def _masked_zero(x: torch.Tensor) -> torch.Tensor:
