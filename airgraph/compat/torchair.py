@@ -36,6 +36,7 @@ from airgraph import dynamo_export
 from airgraph import ops as _ops
 from airgraph import scope as _scope
 from airgraph.backend import AirgraphBackend, get_backend
+from airgraph.config import _AOE_MODES as _CONFIG_AOE_MODES
 from airgraph.config import CompilerConfig as _CompilerConfig
 from airgraph.config import ExperimentalConfig as _ExperimentalConfig
 from airgraph.config import TuningConfig, torchair_tuning_environment
@@ -88,7 +89,7 @@ class _TorchAirExperimentalConfig(_ExperimentalConfig):
         return _AclGraph(object.__getattribute__(self, "_root"))
 
 
-_AOE_MODES = {"subgraph": "1", "op": "2"}
+_AOE_MODES = {mode: aoe for aoe, mode in _CONFIG_AOE_MODES.items()}  # config.tuning.mode -> AOE_MODE
 
 
 class AoeConfig:

@@ -91,9 +91,8 @@ def check(
     """Run ``fn`` once on fresh inputs and compare with ``reference`` (the default's outputs, then its written
     inputs); None when they agree, else the reason. ``strides``: the layouts must agree too (a segment's outputs;
     an operator's choice gets the graph's layout when it is applied, whatever the default lowered alone gave)."""
-    args = fresh_inputs(inputs, written)
     try:
-        outputs = _outputs(fn(list(args))) + [args[i] for i in sorted(written)]
+        outputs = reference_outputs(fn, inputs, written)
     except Exception as exc:  # a candidate that fails is dropped, with why
         return f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
     if len(outputs) != len(reference):

@@ -75,7 +75,7 @@ class BankSource:
         if segment.gm is None or not request.config.tuning.use_bank or not self.bank.folder.is_dir():
             return None
         file, digest = bank_file(self.bank, request.device)
-        if not file.path.exists() or not file.entries():
+        if not file.entries():  # a missing file has none
             return None
         keys = segment_key(segment, digest)
         entry = file.lookup(keys[1]) if keys is not None else None
@@ -93,8 +93,9 @@ class BankSource:
         for unit in find_units(segment.gm):
             keys = op_key(op_graph(unit), [n.meta.get("val") for n in unit.inputs], digest)
             entry = file.lookup(keys[1]) if keys is not None else None
-            offered = {c["name"] for c in op_candidates(unit, request.device, inference)}
-            if entry is not None and entry.status == TUNED and entry.choice["name"] in offered:
+            if entry is None or entry.status != TUNED:
+                continue
+            if entry.choice["name"] in {c["name"] for c in op_candidates(unit, request.device, inference)}:
                 choices[unit.node.name] = entry.choice
                 used.append(entry.key)
         if not choices:

@@ -118,8 +118,7 @@ class UnitMeasuring:
         outcome.measured = {name: t.median * 1e6 for name, t in timings.items()}
         outcome.seconds = time.perf_counter() - start
         if best is not None:
-            item.compiled, _, item.impl = fns[best[0]]
-            item.impl = Impl(item.impl.backend, "tuning", item.impl.options, {"bank key": key})
+            item.compiled, _, item.impl = fns[best[0]]  # impl_for made it: chosen by tuning, with its bank key
         return item
 
     def _operators(
