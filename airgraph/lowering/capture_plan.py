@@ -11,6 +11,7 @@ Decisions about a graph, made at compile time (runtime/capture.py carries them o
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import torch
@@ -177,13 +178,14 @@ def find_uncapturable(gm: torch.fx.GraphModule, *, simulated: bool = False) -> s
     if len(devices) > 1:
         names = ", ".join(sorted(map(str, devices)))
         return f"the graph touches {names}: one CUDA graph records the work of one device"
-    statics: list[set] = []
 
+    @functools.cache
+    def host_plan() -> HostPlan:  # planned once, when first asked for
+        return plan_host_work(gm) if has_host_work(gm) else HostPlan()
+
+    @functools.cache
     def static_symbols() -> set:  # unbacked symbols that host work computes once per shape key
-        if not statics:
-            plan = plan_host_work(gm) if has_host_work(gm) else HostPlan()
-            statics.append({s for n in plan.static for s in free_unbacked_symbols(n.meta.get("val"))})
-        return statics[0]
+        return {s for n in host_plan().static for s in free_unbacked_symbols(n.meta.get("val"))}
 
     unchecked = None  # an assert on values that change per call: the host work's problem, if any, says why first
     for node in gm.graph.nodes:
@@ -193,10 +195,8 @@ def find_uncapturable(gm: torch.fx.GraphModule, *, simulated: bool = False) -> s
                 unchecked = unchecked or reason
             elif reason is not None:
                 return reason
-    if has_host_work(gm) and not simulated:
-        problem = plan_host_work(gm).problem
-        if problem is not None:
-            return problem
+    if not simulated and host_plan().problem is not None:
+        return host_plan().problem
     if unchecked is not None or simulated:
         return unchecked
     per_call: set[torch.fx.Node] = set()

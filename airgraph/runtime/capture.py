@@ -247,7 +247,6 @@ class GraphCapture:
         self._limit = capture_limit
         self._warmup_iters = warmup_iters
         self._report = report
-        self._uncapturable = uncapturable
         self._input_views = input_views or {}
         self._keys: dict[tuple, _Key] = {}
         self._dynamic: list[int] | None = None
