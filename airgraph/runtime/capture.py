@@ -88,7 +88,7 @@ from typing import Any, Protocol
 
 import torch
 
-from airgraph.runtime.device import CUDA, DeviceRuntime
+from airgraph.runtime.device import CUDA, CaptureError, DeviceRuntime
 from airgraph.runtime.host import HostSplit, refill
 from airgraph.runtime.outputs import copy_out, expanded_dims, one_per_expanded, output_plan, storage
 
@@ -134,7 +134,9 @@ class MemoryPool:
     Warm-up runs and recordings both happen on the capture stream (as CUDAGraph Trees do), so whatever a
     first run sets up per stream (Triton autotuning) is set up for the stream recorded. The pool also remembers
     the stream of the last replay on each device: every graph's replay is ordered after it (graphs of the pool
-    share its memory). An empty graph captured into the pool keeps it alive (module docstring).
+    share its memory). An empty graph captured into the pool keeps it alive (module docstring). A pool that a failed
+    capture left spent (runtime/device.py: the pinned host allocator still allocates into it) is retired: later
+    captures take a fresh pool, and the graphs recorded into the old one keep it alive as long as they live.
     """
 
     def __init__(self, runtime: DeviceRuntime = CUDA) -> None:
@@ -155,6 +157,11 @@ class MemoryPool:
                 keeper, _ = self.runtime.capture(_nothing, [], pool=handle, stream=self.stream(device), device=device)
             self._handles[device], self._keepers[device] = handle, keeper
         return self._handles[device]
+
+    def retire(self, device: torch.device) -> None:
+        """No later capture on ``device`` goes into its current pool (a failed capture spent it)."""
+        self._handles.pop(device, None)
+        self._keepers.pop(device, None)
 
     def stream(self, device: torch.device) -> Any:
         if device not in self._streams:
@@ -404,8 +411,11 @@ class GraphCapture:
                 device=self.device,
             )
         except Exception as exc:  # capture refused an op: run this key uncaptured from now on
+            if isinstance(exc, CaptureError) and exc.pool_spent:
+                self._pool.retire(self.device)
             entry.state = CaptureState.UNCAPTURED
-            reason = f"CUDA graph capture failed: {type(exc).__name__}: {str(exc).splitlines()[0]}"
+            what = str(exc) if isinstance(exc, CaptureError) else f"{type(exc).__name__}: {exc}"
+            reason = f"CUDA graph capture failed: {what.splitlines()[0]}"
             self._report.uncaptured_reason = reason
             log.warning("airgraph: graph %d runs uncaptured: %s", self._report.id, reason)
             return

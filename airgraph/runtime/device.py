@@ -15,6 +15,17 @@ clean-up CUDA runs. A failed capture leaves the device as it was: the stream is 
 allocator no longer allocates into the pool and the pool's use count is what it was, and the default generator
 is out of capture mode (in torch 2.11 ``capture_begin`` flags it before anything else can fail and only a
 ``capture_end`` that succeeds clears the flag; left set, every later random op on that GPU raises).
+
+Two things cannot be undone from Python, so they are avoided instead (both seen on an H100 with torch 2.11):
+
+- a ``capture_begin`` on the default stream is refused by PyTorch after the generator was flagged; :func:`record`
+  refuses it before anything starts (:meth:`Recording.refusal`), and the generator's reset captures on a stream of
+  its own, never the caller's;
+- ``capture_begin`` also makes the pinned host allocator allocate into the pool, and only a ``capture_end`` that
+  succeeds ends that: PyTorch binds no call to end it. A pool whose capture failed after the allocators began is
+  therefore *spent*: any later capture into it fails with "beginAllocateToPool: already recording to mempool_id".
+  :func:`record` says so (:attr:`CaptureError.pool_spent`), and the graphs' memory pool
+  (runtime/capture.py's ``MemoryPool``) takes a fresh pool for later captures.
 """
 
 from __future__ import annotations
@@ -35,6 +46,7 @@ __all__ = [
     "CPU",
     "CUDA",
     "UNCACHED_ALLOCATOR",
+    "CaptureError",
     "CpuRuntime",
     "CudaRuntime",
     "DeviceRuntime",
@@ -102,8 +114,22 @@ class DeviceRuntime(Protocol):
         """Median seconds of one ``fn(list(args))`` call over ``iters`` calls, after one warm-up call."""
 
 
+class CaptureError(RuntimeError):
+    """A recording failed (its ``__cause__`` says why) and was cleaned up (:func:`record`). ``pool_spent``: the capture
+    got as far as the allocators, so the pinned host allocator still allocates into the pool (module docstring):
+    no graph can be captured into that pool again."""
+
+    def __init__(self, cause: BaseException, *, pool_spent: bool) -> None:
+        super().__init__(f"{type(cause).__name__}: {cause}")
+        self.pool_spent = pool_spent
+
+
 class Recording(Protocol):
     """One graph being recorded, step by step (CUDA's in :class:`_CudaRecording`, the simulator's SimGraph)."""
+
+    def refusal(self) -> str | None:
+        """Why ``capture_begin`` would fail on the current stream (the default stream), or None: checked before it
+        runs, since PyTorch refuses it only after it flagged the generator."""
 
     def capture_begin(self) -> None: ...
     def capture_end(self) -> None: ...
@@ -115,22 +141,27 @@ class Recording(Protocol):
         its capture ended)."""
 
     def reset_generator(self) -> None:
-        """Take the default generator out of capture mode."""
+        """Take the default generator out of capture mode (on a stream of its own: never the default stream)."""
 
 
 def record(recording: Recording, fn: Callable[[list], Any], args: list) -> Any:
     """``fn(args)`` recorded into ``recording`` (on the current stream); ``fn``'s outputs.
 
-    Every failure, in ``capture_begin`` as much as in ``fn`` or ``capture_end``, is cleaned up before it is raised:
-    a stream capture still open is ended; if the allocator still captures into the pool, ``capture_begin`` took a
-    use of the pool that no graph will give back (only a graph whose capture ended does), so it is ended and
-    given back; the default generator is taken out of capture mode. Each clean-up step that finds nothing to do
-    (refused) is skipped."""
+    A capture PyTorch would refuse at once (:meth:`Recording.refusal`) is not started: :class:`CaptureError`. Every
+    other failure, in ``capture_begin`` as much as in ``fn`` or ``capture_end``, is cleaned up and raised as a
+    :class:`CaptureError` from it: a stream capture still open is ended; if the allocator still captures into the
+    pool, ``capture_begin`` took a use of the pool that no graph will give back (only a graph whose capture ended
+    does), so it is ended and given back, and the pool is spent (module docstring); the default generator is taken
+    out of capture mode. Each clean-up step that finds nothing to do (refused) is skipped."""
+    refusal = recording.refusal()
+    if refusal is not None:
+        raise CaptureError(RuntimeError(refusal), pool_spent=False)
     try:
         recording.capture_begin()
         outputs = fn(args)
         recording.capture_end()
-    except BaseException:
+    except BaseException as exc:
+        spent = False
         with contextlib.suppress(Exception):
             recording.capture_end()
         try:
@@ -138,11 +169,14 @@ def record(recording: Recording, fn: Callable[[list], Any], args: list) -> Any:
         except Exception:
             pass  # capture_begin failed before the allocator captured into the pool, or capture_end ended it
         else:
+            spent = True
             with contextlib.suppress(Exception):
                 recording.release_pool()
         with contextlib.suppress(Exception):
             recording.reset_generator()
-        raise
+        if not isinstance(exc, Exception):  # KeyboardInterrupt: cleaned up, and raised as it is
+            raise
+        raise CaptureError(exc, pool_spent=spent) from exc
     return outputs
 
 
@@ -152,6 +186,11 @@ class _CudaRecording:
     def __init__(self, index: int, pool: Any) -> None:
         self.index, self.pool = index, pool
         self.graph = torch.cuda.CUDAGraph()
+
+    def refusal(self) -> str | None:
+        if torch.cuda.current_stream(self.index) == torch.cuda.default_stream(self.index):
+            return "CUDA graphs must be captured on a non-default stream (airgraph refused it before capture_begin)"
+        return None
 
     def capture_begin(self) -> None:
         # thread_local errors (as CUDAGraph Trees use): CUDA calls of other threads (a DataLoader's pinning thread)
@@ -170,13 +209,15 @@ class _CudaRecording:
     def reset_generator(self) -> None:
         """A capture that draws one random number runs the default generator's capture prologue and epilogue on
         its shared state (torch 2.11 registers the generator in ``capture_begin``; later versions when a random
-        op runs), without moving the offset eager random ops use or replacing the state other graphs hold."""
-        with warnings.catch_warnings():
+        op runs), without moving the offset eager random ops use or replacing the state other graphs hold. On a new
+        stream: the current one may be the default stream, where ``capture_begin`` is refused."""
+        device = torch.device("cuda", self.index)
+        with warnings.catch_warnings(), torch.cuda.stream(torch.cuda.Stream(device)):
             warnings.simplefilter("ignore")
             reset = torch.cuda.CUDAGraph()
             reset.capture_begin(capture_error_mode="thread_local")
             try:
-                torch.empty(1, device=torch.device("cuda", self.index)).uniform_()
+                torch.empty(1, device=device).uniform_()
             finally:
                 reset.capture_end()
 

@@ -153,6 +153,7 @@ class SimulatedCuda:
         self.streams: list[SimStream] = [self.default_stream]
         # The GPU state a capture touches (simulated_state.py).
         self.allocator, self.generator, self.workspaces = Allocator(), Generator(), Workspaces()
+        self.host_allocator = Allocator()  # the pinned host allocator's graph pools: no call ends its capture
         self.capturing: dict[int, SimGraph] = {}  # stream id -> the graph capturing on it
         self.recording: SimGraph | None = None  # the graph whose recording is running its function
         self.replaying = False

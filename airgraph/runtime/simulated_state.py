@@ -6,17 +6,21 @@ Each piece is modelled so that the mistake it stands for fails a simulated run t
   whose capture ended gives it back when destroyed; at zero the allocator releases the pool, and a later capture
   into the same handle fails (``TORCH_INTERNAL_ASSERT(use_count > 0)`` in ``create_or_incref_pool``). It also
   knows which pools are being captured into: beginning a second capture into one fails, and so does ending one
-  that is not.
+  that is not. The pinned host allocator is a second one (``SimulatedCuda.host_allocator``): ``capture_begin``
+  begins it right after the device's, and only a ``capture_end`` that succeeds ends it, for PyTorch binds no call
+  that does (torch 2.11 on an H100: a capture into a pool after a failed one raised "beginAllocateToPool: already
+  recording to mempool_id" though the device allocator's capture had been ended).
 - :class:`Generator`: the default CUDA generator's capture flag as torch 2.11 keeps it: ``capture_begin`` sets it
-  before anything else can fail, only a ``capture_end`` that succeeds clears it, and a random op outside a capture
-  while it is set raises "Offset increment outside graph capture encountered unexpectedly."
+  before anything else can fail (the default stream is refused after it), only a ``capture_end`` that succeeds
+  clears it, and a random op outside a capture while it is set raises "Offset increment outside graph capture
+  encountered unexpectedly."
 - :class:`Workspaces`: cuBLAS's workspaces, one per (thread, stream): the first GEMM there allocates one, from the
   graph pool when it runs inside a capture, else from the ordinary allocator; a recording keeps the one it found.
   ``clear`` frees them all (``torch._C._cuda_clearCublasWorkspaces``, which CUDAGraph Trees call), or one stream's
   (torch 2.13, not 2.11, does that when a graph captured on the stream is destroyed). A replay whose workspace went back
   to the ordinary allocator writes memory a user's tensor may own by then: the simulator reports it.
 - :class:`SimGraph`: one graph, recorded step by step as ``torch.cuda.CUDAGraph`` is, in torch 2.11's order
-  (generator, then allocator, then the stream capture), with the failure points a test can break
+  (generator, then the allocators, then the stream capture), with the failure points a test can break
   (``SimulatedCuda.break_capture_at``): ``BREAK_POINTS``. (``capture_end`` can also fail between the allocator's
   end and the generator's epilogue, on a graph CUDA returns null or a sticky CUDA error; such a failure leaks a use
   of the pool on torch 2.11-2.13, which nothing outside PyTorch can tell apart, so it is not offered.)
@@ -139,6 +143,12 @@ class SimGraph:
     replays: int = 0
 
     # -- recording (device.py's Recording) ---------------------------------------------------------------
+    def refusal(self) -> str | None:
+        rt = self.runtime
+        if rt.current_stream() is rt.default_stream:
+            return "CUDA graphs must be captured on a non-default stream (refused before capture_begin)"
+        return None
+
     def capture_begin(self) -> None:
         rt = self.runtime
         rt.generator.capturing = True  # torch 2.11: the default generator's capture prologue comes first
@@ -148,6 +158,7 @@ class SimGraph:
             raise SimulatedCudaError("CUDA graphs must be captured on a non-default stream.")
         rt.allocator.begin_allocate_to_pool(self.pool, stream)
         rt.breaks("begin: allocator")
+        rt.host_allocator.begin_allocate_to_pool(self.pool, stream)
         if stream.id in rt.capturing:
             raise SimulatedCudaError("cudaStreamBeginCapture: the stream is already capturing")
         self.stream, rt.capturing[stream.id] = stream, self
@@ -163,6 +174,7 @@ class SimGraph:
             raise SimulatedCudaError(f"cudaErrorStreamCaptureInvalidated: {self.invalidated}")
         rt.breaks("end: stream")
         rt.allocator.end_allocate_to_pool(self.pool)
+        rt.host_allocator.end_allocate_to_pool(self.pool)
         rt.generator.capturing = False
         self.ended = True
         weakref.finalize(self, _destroyed, rt, self.pool, stream)
@@ -174,10 +186,12 @@ class SimGraph:
         self.runtime.allocator.release_pool(self.pool)
 
     def reset_generator(self) -> None:
-        """An empty capture (a private pool of its own) runs the generator's prologue and epilogue."""
-        reset = SimGraph(self.runtime, object())
-        reset.capture_begin()
-        reset.capture_end()
+        """An empty capture (a private pool of its own, on a new stream) runs the generator's prologue and epilogue."""
+        rt = self.runtime
+        reset = SimGraph(rt, object())
+        with rt.use(rt.new_stream(name="generator reset")):
+            reset.capture_begin()
+            reset.capture_end()
 
     # -- replay ------------------------------------------------------------------------------------------
     def replay(self) -> None:
@@ -207,6 +221,7 @@ def _destroyed(runtime: Any, pool: Any, stream: Any) -> None:
     if runtime.reset_clears_stream_workspaces:  # torch 2.13: clearCublasWorkspacesForStream(capture stream)
         runtime.workspaces.clear(stream)
     runtime.allocator.release_pool(pool)
+    runtime.host_allocator.release_pool(pool)
 
 
 def host_sync(func: Any, args: tuple, kwargs: dict) -> str | None:

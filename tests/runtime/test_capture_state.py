@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import airgraph.lowering.capture_plan as capture_plan
-from airgraph.runtime.device import UNCACHED_ALLOCATOR, _CudaRecording, record
+from airgraph.runtime.device import UNCACHED_ALLOCATOR, CaptureError, _CudaRecording, record
 from airgraph.runtime.simulated import SimulatedCuda
-from airgraph.runtime.simulated_state import BREAK_POINTS
+from airgraph.runtime.simulated_state import BREAK_POINTS, SimGraph, SimulatedCudaError
 from tests.helpers import assert_close, compile_with, unsafe_double
 
 
@@ -30,9 +30,16 @@ def noisy(x: torch.Tensor) -> torch.Tensor:
 
 def assert_random_graph_captured(sim: SimulatedCuda | None, backend, device: str) -> None:
     """A random graph compiled by ``backend`` warms up (a random op outside any capture), records and replays,
-    drawing what eager draws: the generator is out of capture mode and the pool takes captures."""
+    drawing what eager draws: the generator is out of capture mode and the pool takes captures. With the simulator,
+    ``device="cuda"`` places the input on its device (the pool of the backend's CUDA graphs), "cpu" does not."""
     compiled = torch.compile(noisy, backend=backend)
-    x = torch.zeros(4, device=device)
+    x = (
+        torch.zeros(4, device=device)
+        if sim is None
+        else sim.to_device(torch.zeros(4))
+        if device == "cuda"
+        else torch.zeros(4)
+    )
     torch.manual_seed(0)
     want = [noisy(x) for _ in range(3)]
     torch.manual_seed(0)
@@ -61,10 +68,58 @@ def test_a_capture_broken_at_any_step_leaves_the_device_as_it_was(point, capture
         assert_close(call(sim, doubled, x), (x * 2).relu())  # warm-up, then a recording that fails at `point`
         assert point in backend.reports[1].uncaptured_reason
         assert not sim.generator.capturing and not sim.allocator.recording and not sim.capturing
-        assert sim.allocator.use_counts[pool] == uses
-        assert_random_graph_captured(sim, backend, "cpu")
+        retired = captures[0]._pool.handle(torch.device("cpu")) is not pool  # spent once the allocators began
+        assert retired == (point in ("begin: allocator", "recording", "end: stream"))
+        assert sim.allocator.use_counts[pool] == uses - retired  # a retired pool's keeper is gone; its graph holds it
+        assert_random_graph_captured(sim, backend, "cpu")  # into the same pool, or a fresh one if that one is spent
         assert_close(call(sim, compiled, x), model(x))  # the first graph still replays
     sim.check()
+
+
+def test_a_pool_whose_capture_failed_after_the_allocators_began_is_spent():
+    """The pinned host allocator still captures into the pool (no call ends it): the next capture into that pool
+    fails as it does on a GPU, so the backend's graphs go on in a fresh pool."""
+    sim = SimulatedCuda()
+    pool = sim.pool_handle()
+    graph = SimGraph(sim, pool)
+
+    def synchronises(args: list) -> list:  # what an op that synchronises does inside a capture
+        graph.invalidated = "an op synchronised"
+        raise SimulatedCudaError("operation not permitted when stream is capturing")
+
+    with sim.use(sim.new_stream()):
+        keeper = SimGraph(sim, pool)  # a graph that holds a use of the pool, as MemoryPool's keeper does
+        record(keeper, lambda args: [], [])
+        with pytest.raises(CaptureError, match="operation not permitted") as failed:
+            record(graph, synchronises, [])
+        assert failed.value.pool_spent and pool in sim.host_allocator.recording and pool not in sim.allocator.recording
+        with pytest.raises(CaptureError, match="already recording to mempool_id"):
+            record(SimGraph(sim, pool), lambda args: [], [])
+        record(SimGraph(sim, sim.pool_handle()), lambda args: [], [])
+
+
+def test_a_capture_on_the_default_stream_is_refused_before_the_generator_is_flagged():
+    """torch 2.11 flags the default generator before it refuses the default stream; a reset on that stream would
+    be refused too. So the capture is never begun there: random ops and captures work after."""
+    sim = SimulatedCuda()
+    with pytest.raises(CaptureError, match="non-default stream") as refused:
+        record(SimGraph(sim, sim.pool_handle()), lambda args: [], [])
+    assert not refused.value.pool_spent
+    assert not sim.generator.capturing and not sim.allocator.recording and not sim.host_allocator.recording
+    sim.generator.draw(recording=False)  # "Offset increment outside graph capture" if the flag stayed
+    backend = compile_with(noisy, runtime=sim, mode="reduce-overhead", kernel_backend="aten")[1]
+    assert_random_graph_captured(sim, backend, "cpu")
+
+
+def test_the_generator_reset_works_from_the_default_stream():
+    """A capture_begin that PyTorch refuses after flagging the generator (the flag is set first in torch 2.11)."""
+    sim = SimulatedCuda()
+    graph = SimGraph(sim, sim.pool_handle())
+    with pytest.raises(SimulatedCudaError, match="non-default stream"):
+        graph.capture_begin()  # what record() no longer does
+    assert sim.generator.capturing
+    graph.reset_generator()
+    assert not sim.generator.capturing
 
 
 @pytest.mark.cuda
@@ -128,8 +183,9 @@ def test_a_recording_fails_on_ops_that_synchronise_and_the_key_runs_uncaptured(n
     (report,) = backend.reports
     assert not report.captured
     assert report.uncaptured_reason.startswith("CUDA graph capture failed: SimulatedCudaError: operation not permitted")
-    backend = compile_with(noisy, runtime=sim, mode="reduce-overhead", kernel_backend="aten")[1]
-    assert_random_graph_captured(sim, backend, "cpu")
+    assert_random_graph_captured(
+        sim, backend, "cuda"
+    )  # the same backend and device: the failed recording spent its pool
 
 
 @pytest.mark.cuda
