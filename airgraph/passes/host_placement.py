@@ -44,7 +44,7 @@ from __future__ import annotations
 import operator
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor
+from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from airgraph.graph.analysis import has_side_effects, node_label
@@ -258,10 +258,13 @@ class _Walk:
         return value
 
     def host_constant(self, node: torch.fx.Node) -> torch.fx.Node:
-        """A CPU copy of a small device constant, made once at compile time."""
+        """A CPU copy of a small device constant, made once at compile time. The constant is a real tensor (on a
+        GPU, make_fx runs small constant ops for real) and the pass runs under the compile's FakeTensorMode,
+        which refuses real tensors: the copy is made outside it."""
         if node not in self.host_consts:
             name = f"_host_{str(node.target).replace('.', '_')}"
-            setattr(self.gm, name, self._attr(node).detach().cpu())
+            with unset_fake_temporarily():
+                setattr(self.gm, name, self._attr(node).detach().cpu())
             with self.gm.graph.inserting_after(node):
                 copy = self.gm.graph.get_attr(name)
             copy.meta["val"] = _redevice(node.meta["val"], _CPU)

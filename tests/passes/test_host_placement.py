@@ -188,6 +188,31 @@ def test_cpu_inputs_and_their_consumers_are_anchors_and_a_small_constant_joins_t
     assert any("blocking host-to-device copy replaced" in line for line in result.details)
 
 
+def test_a_real_device_constant_is_copied_to_the_host_outside_the_compiles_fake_mode():
+    """On a GPU, make_fx runs a small constant's ops for real: the graph holds a real CUDA tensor (a get_attr), and the
+    pass runs under the compile's FakeTensorMode, which refuses real tensors (H100: "Please convert all Tensors to
+    FakeTensors first ... aten.detach.default(tensor([4, 6], device='cuda:0'))"). Here a real CPU tensor stands for
+    it, behind the same fake CUDA value, where the CPU-only build traced a CPU constant and a copy."""
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return x + (torch.arange(2, device=x.device) * torch.tensor([4, 6], device=x.device)).sum()
+
+    gm = trace_cuda(fn, (4, 6))
+    (to_device,) = gm.graph.find_nodes(op="call_function", target=aten._to_copy.default)
+    gm._device_constant = torch.tensor([4, 6])  # the real constant a GPU trace holds
+    with gm.graph.inserting_before(to_device):
+        constant = gm.graph.get_attr("_device_constant")
+    constant.meta["val"] = to_device.meta["val"]  # on cuda:0
+    to_device.replace_all_uses_with(constant)
+    gm.graph.eliminate_dead_code()
+    with FakeTensorMode():  # AOTAutograd calls the backend's compiler under its fake mode
+        host_placement(gm, context())
+    assert placements(gm)["mul"] == "host"
+    (host_copy,) = (n for n in gm.graph.find_nodes(op="get_attr") if n.target.startswith("_host_"))
+    value = getattr(gm, host_copy.target)
+    assert type(value) is torch.Tensor and value.device.type == "cpu" and value.tolist() == [4, 6]
+
+
 def test_dynamic_sizes_must_be_provably_small():
     def fn(x: torch.Tensor) -> torch.Tensor:
         n = x.shape[0]
