@@ -95,13 +95,21 @@ class BankFile:
 
     def __init__(self, path: str | os.PathLike[str], env: dict[str, Any] | None = None) -> None:
         self.path = Path(path)
-        self.env = env  # None: read from the header
+        self._env = env  # None: read from the header (the env property)
         self._entries: dict[str, Entry] = {}
         self._offset = 0  # bytes consumed (complete lines only)
         self._lines = 0
         self._stat: tuple[int, int] | None = None  # (inode, size) at the last read
         self.records = 0  # complete records read (superseded ones included)
         self.problem: str | None = None  # why the file cannot be used (a bad header)
+
+    @property
+    def env(self) -> dict[str, Any] | None:
+        """The environment the file's records were measured in: the one it was opened for, else its header's (read
+        on first use; None while the file does not exist)."""
+        if self._env is None:
+            self.entries()
+        return self._env
 
     # -- reading -------------------------------------------------------------------------------------------
     def entries(self) -> dict[str, Entry]:
@@ -163,9 +171,9 @@ class BankFile:
                 f"{self.path}: tuning bank format version {header.get('version')!r}, this airgraph reads version "
                 f"{FORMAT_VERSION}; its records are not used (airgraph bank prune removes them)"
             )
-        elif self.env is None:
-            self.env = header.get("env") or {}
-        elif header.get("env") != self.env:
+        elif self._env is None:
+            self._env = header.get("env") or {}
+        elif header.get("env") != self._env:
             self.problem = f"{self.path}: its header names another environment than this file's name says"
 
     def _warn(self, lineno: int, reason: str) -> None:
@@ -190,7 +198,7 @@ class BankFile:
         """Merge ``entry`` under the lock: "add" (a new entry), "update" (replaces an entry with a faster choice),
         "reserved" (the entry in the bank stays), or "unsatisfied" (a memo, not an entry)."""
         if self.env is None:
-            raise StoreError(f"{self.path}: a bank file is created for an environment")
+            raise StoreError(f"{self.path}: a bank file is created for an environment, or read from its header")
         with locked(self.path):
             current = self.entries().get(entry.key)
             if self.problem is not None:
