@@ -1,10 +1,13 @@
-"""Shared test set-up: the `cuda` marker is skipped here, centrally, when no GPU is present; the tuning bank is a
-fresh folder for the session (a user's bank must not change what the tests compile)."""
+"""Shared test set-up: the `cuda` marker is skipped here, centrally, when no GPU is present, and each `cuda` test that
+leaves the device unusable fails (so its neighbours in the worker do not); the tuning bank is a fresh folder for
+the session (a user's bank must not change what the tests compile)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+
+from tests.helpers import cuda_unusable
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -22,6 +25,18 @@ def _fresh_dynamo():
     torch._dynamo.reset()
     yield
     torch._dynamo.reset()
+
+
+@pytest.fixture(autouse=True)
+def _cuda_left_usable(request: pytest.FixtureRequest):
+    """After each `cuda` test: a random op and a small capture still work, or this test fails (in its teardown) naming
+    why, and the generator is reset for the worker's next tests."""
+    yield
+    if request.node.get_closest_marker("cuda") is None or not torch.cuda.is_available():
+        return
+    reason = cuda_unusable()
+    if reason is not None:
+        pytest.fail(f"this test left CUDA unusable for the tests after it: {reason}", pytrace=False)
 
 
 @pytest.fixture

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 from typing import Any
 
@@ -70,3 +71,27 @@ def unsafe_double(x: torch.Tensor) -> torch.Tensor:
 @unsafe_double.register_fake
 def _(x: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(x)
+
+
+def cuda_unusable() -> str | None:
+    """Why CUDA is unusable now (a test left the default generator in capture mode, the device in a sticky error, a
+    capture that cannot begin), or None: a random op and a small capture on a fresh pool, checked against eager.
+    Where it is unusable, the generator is reset (what a failed airgraph capture does), so the next test starts
+    clean when that was all."""
+    from airgraph.runtime.device import _CudaRecording
+
+    try:
+        x = torch.rand(8, device="cuda")
+        graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+        with torch.cuda.graph(graph, stream=stream):
+            y = x * 2 + torch.rand_like(x) * 0
+        graph.replay()
+        torch.cuda.synchronize()
+        if not torch.equal(y, x * 2):
+            return "a captured graph's replay differs from eager"
+        return None
+    except Exception as exc:  # every failure is the answer
+        reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    with contextlib.suppress(Exception):  # a sticky error: nothing resets it in this process
+        _CudaRecording(torch.cuda.current_device(), None).reset_generator()
+    return reason

@@ -13,7 +13,7 @@ import airgraph.lowering.capture_plan as capture_plan
 from airgraph.runtime.device import UNCACHED_ALLOCATOR, CaptureError, _CudaRecording, record
 from airgraph.runtime.simulated import SimulatedCuda
 from airgraph.runtime.simulated_state import BREAK_POINTS, SimGraph, SimulatedCudaError
-from tests.helpers import assert_close, compile_with, unsafe_double
+from tests.helpers import assert_close, compile_with, cuda_unusable, unsafe_double
 
 
 def call(sim: SimulatedCuda | None, fn, *args):
@@ -132,6 +132,24 @@ def test_a_capture_begin_that_fails_leaves_cuda_usable():
     torch.rand(4, device="cuda")  # "Offset increment outside graph capture" if the flag stayed
     backend = compile_with(noisy, mode="reduce-overhead", kernel_backend="aten")[1]
     assert_random_graph_captured(None, backend, "cuda")
+
+
+@pytest.mark.cuda
+def test_the_check_after_each_cuda_test_finds_a_flagged_generator_and_resets_it():
+    """tests/conftest.py fails a `cuda` test that leaves CUDA unusable; torch's own capture_begin on the default
+    stream leaves torch 2.11's generator flagged (later versions flag nothing there)."""
+    with pytest.raises(RuntimeError, match="non-default stream"):
+        torch.cuda.CUDAGraph().capture_begin()
+    try:
+        torch.rand(1, device="cuda")
+        flagged = False
+    except RuntimeError as exc:
+        assert "Offset increment outside graph capture" in str(exc)
+        flagged = True
+    reason = cuda_unusable()
+    assert (reason is not None and "Offset increment" in reason) == flagged, reason
+    assert cuda_unusable() is None  # the check reset the generator
+    torch.rand(1, device="cuda")
 
 
 # -- ops that synchronise with the host --------------------------------------------------------------------
