@@ -1,6 +1,8 @@
-# Two commands from a fresh clone: `make demo` and `make test`. Each sets itself up first:
-# a virtual environment in .venv that also sees an already installed torch (the GPU machine's),
-# torch==2.13.0 (the CPU build) only when no torch >= 2.11 is importable, then airgraph with its test extras.
+# Two commands from a fresh clone: `make demo` and `make test`. Each sets itself up first (scripts/setup_env.py):
+# a virtual environment in .venv that also sees an already installed torch (the GPU machine's); when every
+# requirement is installed already, airgraph is linked from the checkout without pip (the GPU machine has no
+# package registry); otherwise pip installs torch==2.13.0 (the CPU build) only when no torch >= 2.11 is
+# importable, then airgraph with its test extras.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -10,16 +12,8 @@ STAMP := $(VENV)/.airgraph-installed
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
-	$(PYTHON) -m venv --system-site-packages $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	@if $(PY) -c "import torch" 2>/dev/null; then \
-		$(PY) -c "import sys, torch; v = tuple(int(p) for p in torch.__version__.split('+')[0].split('.')[:2]); \
-sys.exit(0 if v >= (2, 11) else 'airgraph needs torch >= 2.11; found ' + torch.__version__)"; \
-	else \
-		$(PY) -m pip install -q torch==2.13.0; \
-	fi
-	$(PY) -m pip install -q -e '.[test]'
+$(STAMP): pyproject.toml scripts/setup_env.py
+	$(PYTHON) scripts/setup_env.py $(VENV)
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -34,7 +28,7 @@ test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"
 
 test-cuda: $(STAMP)
-	$(PY) -m pytest -q -m cuda
+	$(PY) -m pytest -q -n 4 -m cuda
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check airgraph tests benchmarks

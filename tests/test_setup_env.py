@@ -1,0 +1,56 @@
+"""`make setup` (scripts/setup_env.py): with every requirement installed, as on the GPU machine, which has no package
+registry, nothing is downloaded and airgraph is still the `airgraph` backend and command of the new environment."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _setup_env():
+    spec = importlib.util.spec_from_file_location("setup_env", ROOT / "scripts" / "setup_env.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_with_everything_installed_the_venv_links_airgraph_without_pip(tmp_path):
+    venv = tmp_path / "venv"
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "setup_env.py"), str(venv)],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(tmp_path)},  # no registry
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "airgraph linked from the checkout (no pip)" in out.stdout
+    python = venv / "bin" / "python"
+    check = (
+        "import torch, airgraph; assert 'airgraph' in torch._dynamo.list_backends();"
+        "f = torch.compile(lambda x: x * 2 + 1, backend='airgraph'); x = torch.randn(3);"
+        "torch.testing.assert_close(f(x), x * 2 + 1); print(airgraph.__file__)"
+    )
+    ran = subprocess.run([str(python), "-c", check], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert ran.returncode == 0, ran.stderr
+    assert Path(ran.stdout.strip()) == ROOT / "airgraph" / "__init__.py"
+    cli = subprocess.run([str(venv / "bin" / "airgraph"), "--help"], capture_output=True, text=True, cwd=tmp_path)
+    assert cli.returncode == 0 and "usage: airgraph" in cli.stdout
+
+
+def test_a_missing_requirement_sends_setup_to_pip(monkeypatch):
+    setup_env = _setup_env()
+    project = setup_env._project()
+    project["dependencies"] = [*project["dependencies"], "airgraph-no-such-package>=1", "torch>=999"]
+    monkeypatch.setattr(setup_env, "_project", lambda: project)
+    missing = setup_env.missing_requirements(Path(sys.executable))
+    assert missing[0] == "airgraph-no-such-package>=1"
+    assert missing[1].startswith("torch>=999 (found 2.")
+    assert len(missing) == 2  # everything else is installed here
