@@ -109,9 +109,12 @@ def link_airgraph(python: Path) -> None:
 def pip_install(python: Path) -> None:
     pip = [str(python), "-m", "pip", "install", "-q"]
     subprocess.run([*pip, "--upgrade", "pip"], check=True)
-    probe = "import sys, torch; sys.exit(tuple(int(p) for p in torch.__version__.split('+')[0].split('.')[:2]) < {})"
+    probe = (
+        "import sys\ntry:\n    import torch\nexcept ImportError:\n    sys.exit(2)\n"
+        "sys.exit(3 if tuple(int(p) for p in torch.__version__.split('+')[0].split('.')[:2]) < {} else 0)"
+    )
     found = _run(python, probe.format(MIN_TORCH))
-    if found.returncode == 1:
+    if found.returncode == 3:
         version = _run(python, "import torch; print(torch.__version__)").stdout.strip()
         raise SystemExit(f"airgraph needs torch >= {'.'.join(map(str, MIN_TORCH))}; found {version}")
     if found.returncode != 0:  # no torch: the CPU build, from the wheel the development machines keep
