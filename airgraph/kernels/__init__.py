@@ -11,6 +11,7 @@ The flow, in the order the data goes:
 - ``package.py``: a package, one zip file of kernels with its manifest (keys, digests, versions, device) last;
 - ``library.py``: installing (staged, renamed, indexed under a lock), listing, removing; one builder per kernel;
 - ``machine.py``: what a kernel was built for, and whether this machine can run it;
+- ``probe.py``: loading a package, first in a child process per environment (a crash kills only the child);
 - ``dispatch.py``: the callable of a covered segment: per shape key a static kernel, else the dynamic kernel,
   compiled only when a key needs it;
 - ``warm.py``: a Dynamo graph whose kernels are all installed runs them without AOTAutograd (warm start);

@@ -14,6 +14,13 @@ took 6 ms for the tiny LLaMA graph here (the package loader; benchmarks/static_k
 Inductor's cached output code), while Inductor's output code needs its Python wrapper imported and its kernels'
 shared objects found in Inductor's cache under names derived from the compiler's flags.
 
+Inductor writes a build's files under its cache folder, named by a digest of the generated code, and writes some of
+them in place (the metadata JSON files, with ``open(..., "w")`` and ``shutil.copy``): two processes building the same
+code at once (two libraries on one machine, two test workers) could package each other's half-written file, a
+package whose loader then fails on an empty JSON file. So a build holds a cross-process lock named by a digest of
+what it compiles (airgraph/store.py ``locked``, in Inductor's cache folder), and a package is checked before it is
+used: every JSON file in it must parse.
+
 The built module returns the segment's tensor outputs only; outputs that are Python values (sizes computed from
 the key) are constants of the key, and the dispatcher puts them back.
 """
@@ -21,7 +28,10 @@ the key) are constants of the key, and the dispatcher puts them back.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import time
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,7 +39,9 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
-__all__ = ["build_kernel", "example_tensors", "outside_compilation", "tensor_outputs"]
+from airgraph.store import locked
+
+__all__ = ["build_kernel", "check_package", "example_tensors", "outside_compilation", "tensor_outputs"]
 
 _DTYPES = {str(d).removeprefix("torch."): d for d in vars(torch).values() if isinstance(d, torch.dtype)}
 
@@ -102,11 +114,30 @@ def build_kernel(
     """Compile ``gm`` for inputs of ``specs`` (kernels/shapes.py) on ``device`` into the AOTInductor package
     ``path``; returns the seconds it took. Raises what export or Inductor raise for a graph they cannot compile."""
     from torch._inductor import aoti_compile_and_package
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
 
     start = time.perf_counter()
     path.parent.mkdir(parents=True, exist_ok=True)
     module = _Specialized(gm, specs)
-    with torch.no_grad(), outside_compilation():
+    options = dict(inductor_config or {})
+    what = json.dumps([gm.code, specs, str(device), sorted(options.items())], default=str)
+    lock = Path(cache_dir()) / "airgraph-builds" / hashlib.sha256(what.encode()).hexdigest()[:32]
+    with locked(lock), torch.no_grad(), outside_compilation():  # one build of the same code at a time (docstring)
         program = torch.export.export(module, tuple(example_tensors(specs, device)), strict=False)
-        aoti_compile_and_package(program, package_path=str(path), inductor_configs=dict(inductor_config or {}))
+        aoti_compile_and_package(program, package_path=str(path), inductor_configs=options)
+    check_package(path)
     return time.perf_counter() - start
+
+
+def check_package(path: Path) -> None:
+    """Raise RuntimeError if a JSON file in the AOTInductor package ``path`` does not parse (docstring)."""
+    with zipfile.ZipFile(path) as archive:
+        for name in archive.namelist():
+            if name.endswith(".json"):
+                try:
+                    json.loads(archive.read(name))
+                except ValueError:
+                    raise RuntimeError(
+                        f"the package Inductor wrote holds a torn file, {name} (another process building the same "
+                        "code wrote it at the same time?)"
+                    ) from None

@@ -12,7 +12,8 @@
   key's first run already uses them;
 - the loader of installed kernels (:meth:`load`), which refuses, with one warning each, an entry built for
   another torch or airgraph version, CPU instruction set or CUDA architecture (kernels/machine.py), or whose
-  files do not match their digests;
+  files do not match their digests; and loads nothing where loading a package crashed a probe's child process
+  (kernels/probe.py: the first load in an environment is a child's);
 - the warm start (:meth:`warm_start`, kernels/warm.py): asked by the backend before AOTAutograd whether the
   installed kernels can run a Dynamo graph as it is; the building process records which graphs can.
 
@@ -28,7 +29,6 @@ import datetime
 import logging
 import os
 import warnings
-import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +42,7 @@ from airgraph.kernels.dispatch import LoadedKernel, StaticKernelSegment
 from airgraph.kernels.library import KernelLibrary, library_path
 from airgraph.kernels.machine import describe, mismatch
 from airgraph.kernels.node import register_process
+from airgraph.kernels.probe import LoadProbes, open_package
 from airgraph.kernels.records import Recorder, is_view
 from airgraph.kernels.shapes import bind, data_dependent, shape_id, shape_key_of, spec
 from airgraph.kernels.warm import WarmGraph, graph_record, restarted_floats, warm_start
@@ -78,6 +79,7 @@ class StaticKernels:
         self.config = config
         self.build_dir = Path(options.build_dir or os.getcwd()).resolve()
         self.library = KernelLibrary(library_path(config))
+        self.probes = LoadProbes(self.library.root)
         self.recorder = Recorder(self.build_dir)
         self.builds = options.build
         register_process(
@@ -165,6 +167,13 @@ class StaticKernels:
                         reason = f"its file {name} does not match its sha256 (corrupted or changed after install)"
                 except FileNotFoundError:
                     return None  # removed or replaced since the index was read: not installed now
+        if reason is None:  # no process is the first to load a package in an environment (kernels/probe.py)
+            verdict = self.probes.check(folder / "kernel.pt2", entry["shape_key"], device, kid)
+            if verdict.status == "crashed":  # the probe warned, once per process
+                self._refused[kid] = entry["package"]
+                return None
+            if verdict.status == "failed":
+                reason = f"loading it in a child process failed ({verdict.cause})"
         if reason is None:
             try:
                 kernel = _load_aoti(kid, folder / "kernel.pt2", device)
@@ -305,17 +314,7 @@ class StaticKernels:
 
 
 def _load_aoti(kid: str, path: Path, device: torch.device) -> LoadedKernel:
-    """An AOTInductor package (kernels/build.py made it) loaded to run on ``device``.
-
-    Through the package loader itself (``torch._C._aoti.AOTIModelPackageLoader``, what
-    ``torch._inductor.aoti_load_package`` wraps, with the same arguments in torch 2.11 to 2.13), because the wrapper
-    first asks Inductor for this CPU's vector ISA only to log a mismatch, and Inductor finds that out by compiling
-    test programs (20 s on a busy 2-core machine whose Inductor cache is empty); airgraph has already refused a
-    kernel built for another ISA (kernels/machine.py). ``run_single_threaded``: one caller thread, and a CUDA
-    graph can capture the launches."""
-    with zipfile.ZipFile(path) as archive:
-        names = [n.split("/") for n in archive.namelist() if "/data/aotinductor/" in n]
-    (model,) = {parts[parts.index("aotinductor") + 1] for parts in names}
-    index = -1 if device.type != "cuda" else (device.index if device.index is not None else torch.cuda.current_device())
-    loader = torch._C._aoti.AOTIModelPackageLoader(str(path), model, True, 1, index)
+    """An AOTInductor package (kernels/build.py made it) loaded to run on ``device`` (kernels/probe.py's
+    ``open_package``: the loader call its probe makes in a child process first)."""
+    loader = open_package(path, device)
     return LoadedKernel(kid, loader.boxed_run, loader)

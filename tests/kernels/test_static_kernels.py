@@ -108,6 +108,9 @@ def counting(self, *args, **kwargs):
     original(self, *args, **kwargs)
 GraphLowering.__init__ = counting
 common.aot_module_simplified = lambda *args, **kwargs: traced.append(1) or aot(*args, **kwargs)
+import airgraph.kernels.probe as probe
+launched, launch = [], probe._launch
+probe._launch = lambda *args: launched.append(1) or launch(*args)
 from airgraph.compat.torchair import CompilerConfig, get_npu_backend
 from tests.kernels.models import Step, inputs
 config = CompilerConfig()
@@ -125,7 +128,7 @@ with torch.no_grad(), warnings.catch_warnings():
         diffs.append((model.cache - reference.cache).abs().max().item())
 segment = backend.reports[0].segments[0]
 print(json.dumps({"lowered": len(lowered), "traced": len(traced), "diff": max(diffs), "chosen_by": segment.chosen_by,
-                  **segment.source}))
+                  "probes": len(launched), **segment.source}))
 """
 
 
@@ -141,6 +144,7 @@ def test_a_fresh_process_with_the_library_compiles_nothing_and_equals_eager(buil
     assert result["lowered"] == 0  # Inductor lowered no graph: every key ran a prebuilt kernel
     assert result["traced"] == 0  # not even AOTAutograd traced one: a warm start, with the float restart asked at once
     assert result["diff"] <= 1e-5
+    assert result["probes"] == 0  # the library's verdict for this environment (kernels/probe.py) said "ok"
     assert result["chosen_by"] == "static-kernels" and result["static_keys"] == ["[2]", "[3]"]
     assert result["dynamic_keys"] == [] and result["warm_start"]  # not even traced to ATen (kernels/warm.py)
 
