@@ -10,6 +10,7 @@ import torch
 
 from airgraph import cli
 from airgraph.bench import decode as bench
+from airgraph.bench import streams
 from airgraph.bench.results import write_json
 from airgraph.cli import bench as cli_bench
 
@@ -129,6 +130,9 @@ def test_demo_writes_report_and_notes_cpu(tmp_path, capsys, monkeypatch):
     fast = {"preset": "micro", "steps": 3, "warmup": 1, "kernel_backend": "aten", "modes": FAST_MODES}
     monkeypatch.setattr(cli_bench, "DEMO_SETTINGS", {**cli_bench.DEMO_SETTINGS, **fast})
     monkeypatch.setattr(bench, "resolve_device", lambda device: torch.device("cpu"))
+    # Where a GPU is available the demo still runs each part on the one device it names (on the GPU machine the
+    # multi-stream part resolved "auto" again and ran on the GPU).
+    monkeypatch.setattr(streams, "resolve_device", lambda device: torch.device("cuda" if device == "auto" else device))
     out = tmp_path / "demo.json"
     assert cli.main(["demo", "--output", str(out), "--no-progress"]) == 0
     text = capsys.readouterr().out
@@ -136,6 +140,7 @@ def test_demo_writes_report_and_notes_cpu(tmp_path, capsys, monkeypatch):
     result = json.loads(out.read_text())
     assert result.keys() >= RESULT_KEYS
     assert len(result["results"]) == 3 and all(r["ok"] for r in result["results"])
+    assert result["multistream"]["settings"]["device_type"] == "cpu"
 
 
 @pytest.mark.slow

@@ -113,16 +113,37 @@ def test_fake_inputs_keep_fakes_and_place_reals():
 
 
 def test_fake_cuda_guard_restores_the_process():
-    if torch.backends.cuda.is_built():
-        pytest.skip("CUDA is compiled in: the guard does nothing")
-    lift = torch._C._only_lift_cpu_tensors()
+    from torch.fx.experimental import proxy_tensor
+
+    lift, numel_limit = torch._C._only_lift_cpu_tensors(), proxy_tensor.CONSTANT_NUMEL_LIMIT
     mode = FakeTensorMode()
     with fake_cuda_guard(), mode:
+        assert torch._C._only_lift_cpu_tensors() and proxy_tensor.CONSTANT_NUMEL_LIMIT == 0
         x = torch.empty(4, device="cuda")
         assert x[1:].shape == (3,)
-    assert torch._C._only_lift_cpu_tensors() == lift
+    assert torch._C._only_lift_cpu_tensors() == lift and numel_limit == proxy_tensor.CONSTANT_NUMEL_LIMIT
+    if torch.backends.cuda.is_built():
+        return  # CUDA is compiled in: the registry was not touched, and its guard stays
     with mode, pytest.raises(RuntimeError, match="not linked with support for cuda"):
         x[1:]
+
+
+def test_fake_cuda_guard_traces_the_same_graph_where_a_gpu_is_available(monkeypatch):
+    """On the H100 the guard stood aside when a GPU was available: plans and the simulator traced real CUDA
+    constants there, and CPU tests that read their graphs failed on the GPU machine (#18 item 5)."""
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return x + torch.tensor([4.0, 6.0], device=x.device).sum()
+
+    def traced_targets() -> list[str]:
+        with fake_cuda_guard(), FakeTensorMode(allow_non_fake_inputs=True):
+            gm = make_fx(fn)(torch.empty(2, device="cuda"))
+        return [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+
+    here = traced_targets()
+    assert "aten._to_copy.default" in here  # the constant is made on the host and copied
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert traced_targets() == here
 
 
 def test_planned_reduce_overhead_splits_static_and_per_call_host_work(no_kernels):

@@ -121,10 +121,10 @@ def cmd_demo(args: argparse.Namespace, console: Console) -> int:
             "[dim]note: no CUDA device, so 'airgraph reduce-overhead' runs the same executor as max-autotune, "
             "uncaptured (CUDA graphs need CUDA), and torch.compile's reduce-overhead is left out.[/]"
         )
-    result = _run_bench(not args.no_progress, device="auto", **DEMO_SETTINGS)
+    result = _run_bench(not args.no_progress, device=str(device), **DEMO_SETTINGS)
     bench.print_results(result, console)
     console.print("[bold]in-graph multi-stream[/]: two independent branches on side streams vs on one stream")
-    streams = _run_multistream(console, device="auto", mode="reduce-overhead", steps=50, cases=["small"])
+    streams = _run_multistream(console, device=str(device), mode="reduce-overhead", steps=50, cases=["small"])
     result["multistream"] = streams
     code = _finish(result, args.output, console, show=False)
     if not all(r["ok"] for r in streams["results"].values()):

@@ -44,17 +44,15 @@ def fake_cuda_guard() -> Iterator[None]:
     taken, or where the registry cannot be found (then indexing a fake CUDA tensor fails as before). No public
     API registers a CUDA device guard.
 
-    Wherever no GPU is usable (a CPU-only build, or a CUDA build on a machine without a driver) it also keeps
-    ``torch.tensor(..., device="cuda")`` from allocating on the device while AOTAutograd traces
+    It also keeps ``torch.tensor(..., device="cuda")`` from allocating on the device while AOTAutograd traces
     (``torch._C._set_only_lift_cpu_tensors``: the tensor is made on the CPU and moved by a traced op, which is
     what ``FakeTensorMode`` itself does inside its ``with`` block when no GPU is available), and turns off
     make_fx's constant propagation of one-element tensors (``proxy_tensor.CONSTANT_NUMEL_LIMIT``), which runs
-    the op for real, on the device. (A one-element constant that the GPU run would fold into a Python number
-    then shows as an op in the planned graph.) With a usable GPU it does nothing.
+    the op for real, on the device. (A one-element constant that a GPU run would fold into a Python number
+    then shows as an op in the planned graph.) It does both on a machine with a GPU too, so that a plan and
+    the simulator trace the same graph on every machine: on the H100 they traced real CUDA constants where the
+    CPU machines traced a CPU constant and a copy, and CPU tests that read those graphs failed there.
     """
-    if torch.cuda.is_available():
-        yield
-        return
     from torch.fx.experimental import proxy_tensor
 
     lift_cpu_only, numel_limit = torch._C._only_lift_cpu_tensors(), proxy_tensor.CONSTANT_NUMEL_LIMIT

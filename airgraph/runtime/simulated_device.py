@@ -12,7 +12,9 @@ those run too:
   2.13), and ``fake_cuda_guard`` lets fake CUDA tensors be made on a CPU-only build. The graph is the one a GPU
   run traces: ``x.device`` is ``cuda:0``, ``torch.tensor(..., device=x.device)`` is a CPU constant and a copy to
   the device, Dynamo's scalars are CPU tensors beside CUDA ones. Every pass, the capture plan and the host split
-  take their CUDA paths. Tensors not placed are host tensors (a CPU input of the program).
+  take their CUDA paths. Tensors not placed are host tensors (a CPU input of the program). Attention traces
+  as the math kernel, as on a machine without a GPU: on a GPU machine, fake CUDA attention would pick the GPU's
+  flash or memory-efficient kernel, which the simulator's CPU run cannot execute.
 - **running**: the real values stay CPU tensors (Dynamo's guards check the real tensors, which are on the CPU).
   Device work (segments, the host split's copies to the device, GraphCapture's copies) runs under
   :class:`DeviceOps`, which reads a ``device="cuda"`` argument as the CPU: a copy to the device is a copy, a
@@ -36,6 +38,7 @@ from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
@@ -99,7 +102,7 @@ class Placement:
         self._active = True
         FakeTensorMode.from_tensor = from_tensor
         try:
-            with fake_cuda_guard():
+            with fake_cuda_guard(), sdpa_kernel([SDPBackend.MATH]):
                 yield
         finally:
             FakeTensorMode.from_tensor = original

@@ -487,3 +487,15 @@ def test_a_recordings_outputs_hold_no_results_until_a_replay():
     graph.replay()
     for got, expected in zip(outputs, want, strict=True):
         assert_close(got, expected)
+
+
+def test_attention_traces_as_the_math_kernel_on_any_machine():
+    """On the H100, fake CUDA attention picked the GPU's memory-efficient kernel while the simulator traced, and
+    the simulator's CPU run could not execute it (#18 item 5): the simulator traces as a machine without a GPU."""
+    sim = SimulatedCuda()
+    placed = sim.to_device(torch.ones(2))  # noqa: F841 (placed values are weakly held)
+    backends = (torch.backends.cuda.flash_sdp_enabled, torch.backends.cuda.mem_efficient_sdp_enabled)
+    before = [enabled() for enabled in backends]
+    with sim.placement.tracing():
+        assert not any(enabled() for enabled in backends) and torch.backends.cuda.math_sdp_enabled()
+    assert [enabled() for enabled in backends] == before
