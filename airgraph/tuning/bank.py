@@ -195,8 +195,10 @@ class BankFile:
 
     # -- writing -------------------------------------------------------------------------------------------
     def commit(self, entry: Entry) -> str:
-        """Merge ``entry`` under the lock: "add" (a new entry), "update" (replaces an entry with a faster choice),
-        "reserved" (the entry in the bank stays), or "unsatisfied" (a memo, not an entry)."""
+        """Merge ``entry`` under the lock, counted as the seed counts (a memo that the default won is in the bank
+        like an entry): "add" (a choice for a key the bank did not have), "update" (a faster choice replaces an
+        entry, or a choice replaces a memo), "reserved" (what the bank had stays), or "unsatisfied" (a memo for a
+        key the bank did not have: no choice was written)."""
         if self.env is None:
             raise StoreError(f"{self.path}: a bank file is created for an environment, or read from its header")
         with locked(self.path):
@@ -204,11 +206,13 @@ class BankFile:
             if self.problem is not None:
                 raise StoreError(f"{self.problem}; remove it, or tune into another bank folder")
             if entry.status == UNSATISFIED:
-                if current is not None and current.status == TUNED:
+                if current is not None:
                     return "reserved"
                 outcome = "unsatisfied"
-            elif current is None or current.status == UNSATISFIED:
+            elif current is None:
                 outcome = "add"
+            elif current.status == UNSATISFIED:
+                outcome = "update"
             elif current.choice == entry.choice or entry.after_us >= current.after_us:
                 return "reserved"
             else:

@@ -202,7 +202,7 @@ class UnitMeasuring:
             return False
         if self.config.tuning.repeat:
             return False
-        outcome.status = "hit" if entry.status == TUNED else "unsatisfied"
+        outcome.status = "hit"  # in the bank, and left as it is (the seed's hit, and reserved)
         outcome.note = "in the bank" if entry.status == TUNED else "measured before: nothing beat the default"
         if entry.choice is not None:
             outcome.choice, outcome.tune_mode = entry.choice["name"], entry.choice["tune_mode"]

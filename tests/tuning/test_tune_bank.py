@@ -44,11 +44,12 @@ def test_commit_adds_updates_and_reserves(tmp_path):
     assert bank.commit(entry("k1", after=3.0, choice="mkl-packed")) == "reserved"  # same choice
     assert bank.commit(entry("k2", choice=None)) == "unsatisfied"
     assert bank.commit(entry("k1", choice=None)) == "reserved"  # an entry is never replaced by a memo
-    assert bank.commit(entry("k2", after=9.0)) == "add"  # a memo is no entry
+    assert bank.commit(entry("k2", choice=None)) == "reserved"  # the memo was in the bank: it stays
+    assert bank.commit(entry("k2", after=9.0)) == "update"  # a choice replaces the memo the bank had
     lines = bank.path.read_text().splitlines()
     header = json.loads(lines[0])
     assert header == {"format": FORMAT, "version": 1, "env": ENV}
-    assert len(lines) == 1 + 4  # add, update, memo, add: reserved writes nothing
+    assert len(lines) == 1 + 4  # add, update, memo, update: reserved writes nothing
     assert BankFile(bank.path).env == ENV  # another process: the header names the environment, before any lookup
     reread = BankFile(bank.path)
     assert reread.lookup("k1").choice["name"] == "mkl-packed" and reread.lookup("k1").after_us == 4.0
