@@ -9,10 +9,15 @@ airgraph's job (runtime/capture.py), over all segments at once.
 from __future__ import annotations
 
 import contextlib
+import functools
+import operator
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
+from torch._guards import detect_fake_mode
+from torch.fx.experimental.proxy_tensor import make_fx
 
 from airgraph.lowering.request import LowerRequest
 
@@ -31,7 +36,7 @@ def compile_inductor(request: LowerRequest) -> Callable[[list], Any]:
     patches = {**request.options.get("inductor_config", {}), "triton.cudagraphs": False, "fallback_random": True}
     with inductor_config.patch(patches), _donating(request.donated if kind == "backward" else None):
         compiled = compile_fx_inner(
-            _copy(request.gm),
+            _decomposed(_copy(request.gm)),
             request.example_inputs,
             is_inference=kind == "inference",
             is_backward=kind == "backward",
@@ -40,6 +45,72 @@ def compile_inductor(request: LowerRequest) -> Callable[[list], Any]:
         )
     compiled._boxed_call = True  # Inductor's compiled graphs take the boxed (list) calling convention
     return compiled
+
+
+def _decomposed(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """``gm`` with every op that Inductor decomposes rather than lowers (``aten.t``, ``aten.addmm``'s relatives...)
+    replaced by its decomposition, in place. A segment traced for another kernel backend (AOTAutograd without
+    Inductor's table: the aten backend, then a tuning candidate or the seam picking Inductor for this one segment)
+    holds such ops, and Inductor refuses them ("both a fallback and a decomp for same op"). Each is traced alone on
+    its node's fake values and inlined; an op without them stays as it is. Call under ``fallback_random``, as the
+    backend's own table is selected (random ops stay ATen's)."""
+    from torch._inductor.decomposition import select_decomp_table
+
+    table = select_decomp_table()
+    todo = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in table and "val" in n.meta]
+    for node in todo:
+        leaves, spec = pytree.tree_flatten((node.args, node.kwargs))
+        inputs = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.fx.Node)]
+        values = [leaves[i].meta.get("val") for i in inputs]
+        if any(v is None for v in values):
+            continue
+        op = functools.partial(_call, node.target, leaves, inputs, spec)
+        with detect_fake_mode(values) or contextlib.nullcontext():
+            traced = make_fx(op, decomposition_table=table)(*values)
+        _inline(gm.graph, node, traced, [leaves[i] for i in inputs])
+    if todo:
+        gm.graph.lint()
+        gm.recompile()
+    return gm
+
+
+def _call(target: Any, leaves: list, inputs: list[int], spec: Any, *values: Any) -> Any:
+    """``target`` called on its node's arguments (flattened: ``leaves``) with ``values`` at the node inputs."""
+    filled = list(leaves)
+    for i, value in zip(inputs, values, strict=True):
+        filled[i] = value
+    args, kwargs = pytree.tree_unflatten(filled, spec)
+    return target(*args, **kwargs)
+
+
+def _inline(graph: torch.fx.Graph, node: torch.fx.Node, traced: torch.fx.GraphModule, args: list) -> None:
+    """Replace ``node`` in ``graph`` by ``traced``'s ops reading ``args``; a multi-output node's ``getitem`` users
+    read the matching output directly."""
+    env: dict[torch.fx.Node, Any] = {}
+    placeholders = iter(args)
+    result: Any = None
+    with graph.inserting_before(node):
+        for t in traced.graph.nodes:
+            if t.op == "placeholder":
+                env[t] = next(placeholders)
+            elif t.op == "output":
+                result = pytree.tree_map(lambda a: env[a] if isinstance(a, torch.fx.Node) else a, t.args[0])
+            elif t.op == "get_attr":  # a constant the decomposition made: kept on the segment's module
+                name = f"_decomp_{len(graph.nodes)}_{t.target}"
+                setattr(graph.owning_module, name, getattr(traced, str(t.target)))
+                env[t] = graph.get_attr(name)
+                env[t].meta = dict(t.meta)
+            else:
+                env[t] = graph.node_copy(t, env.__getitem__)
+    if isinstance(result, torch.fx.Node):
+        node.replace_all_uses_with(result)
+    else:
+        for user in list(node.users):
+            if user.target is not operator.getitem:
+                raise RuntimeError(f"{node.format_node()}: a multi-output op used other than by index")
+            user.replace_all_uses_with(result[user.args[1]])
+            graph.erase_node(user)
+    graph.erase_node(node)
 
 
 def _copy(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:

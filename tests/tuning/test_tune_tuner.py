@@ -75,7 +75,17 @@ def test_operator_tuning_on_the_cost_model_keeps_the_defaults_and_remembers(tmp_
     assert all(e.status != TUNED for e in bank_entries(tmp_path).values())  # memos, not entries
     torch._dynamo.reset()
     again, *_, events = run_tuned(model, x, config, SimulatedCuda())
-    assert [o.status for o in again.tuner.report.tasks[0].outcomes] == ["unsatisfied", "unsatisfied"]
+    # Found in the bank (memos that the default won): hits, reserved, as the seed counts them.
+    assert [o.status for o in again.tuner.report.tasks[0].outcomes] == ["hit", "hit"]
+    summary = json.loads(again.tuner.report.path.read_text())[again.tuner.report.tasks[0].key][1]["OPAT"]
+    assert summary["repo_summary"] == {
+        "repo_add_num": 0,
+        "repo_hit_num": 2,
+        "repo_reserved_num": 2,
+        "repo_unsatisfied_num": 0,
+        "repo_update_num": 0,
+        "total_num": 2,
+    }
     assert not [e for e in events if e[0] == "unit"]  # measured before: nothing measured again
     assert again.reports[0].segments[0].chosen_by == "config"
 
