@@ -31,6 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import _disable_current_modes
 
 from airgraph.config import CompilerConfig
 from airgraph.graph.analysis import mutated_nodes
@@ -241,7 +242,12 @@ class _FirstRun:
         values = list(args)
         args.clear()
         outputs, recorded = _run_sequentially(self._graph, values)
-        self._run = self._tuner.tune(self._graph, values, recorded, self._run)
+        # Measured as a later call runs: AOTAutograd runs a graph's first call under a Python dispatch mode of its
+        # own (custom-op alias analysis, torch 2.11+), which costs every ATen op a Python round trip. Timed under
+        # it, a graph of many ATen calls looked up to a third slower than it runs, and a fused candidate won by
+        # that much in the report but not in the next process.
+        with _disable_current_modes():
+            self._run = self._tuner.tune(self._graph, values, recorded, self._run)
         return outputs
 
 
