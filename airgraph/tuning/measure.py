@@ -7,6 +7,11 @@
   CPU, the simulator's cost model in tests): each ``time`` call is the median of ``iters`` calls after a warm-up
   call. Candidates are timed in interleaved rounds (default, a, b, default, a, b, ...), so load from other
   processes hits all of them alike; a candidate's time is the median of its rounds.
+- **Busy machines say so**: a verdict that the default won needs quiet measurements: while any variant's
+  run-to-run spread exceeds :data:`NOISY`, the rounds are measured again (up to :data:`REPEATS` more times, the
+  rounds pooled); still that noisy and no winner, the unit is *inconclusive*: reported with its spread, and no
+  memo goes into the bank (the next tuning run measures it again). A winner needs no quiet: it beats the default
+  by more than the spread (below).
 - **Beating the default**: by more than the measured run-to-run spread, and by at least :data:`MIN_GAIN`: the
   candidate's median is at least 3% below the default's, and its rounds' interquartile range lies wholly below
   the default's (its third quartile under the default's first), so the gap between the two is wider than what
@@ -24,10 +29,24 @@ from typing import Any
 
 import torch
 
-__all__ = ["MIN_GAIN", "Budget", "Timing", "beats", "check", "fresh_inputs", "reference_outputs", "time_side_by_side"]
+__all__ = [
+    "MIN_GAIN",
+    "NOISY",
+    "Budget",
+    "Decision",
+    "Timing",
+    "beats",
+    "check",
+    "decide",
+    "fresh_inputs",
+    "reference_outputs",
+    "time_side_by_side",
+]
 
 MIN_GAIN = 0.03
 ROUNDS = 9
+NOISY = 0.10  # relative interquartile range of the rounds above which "the default won" is not a verdict
+REPEATS = 2
 ROUND_SECONDS = 0.01  # what one time() call aims to take
 TOLERANCES = {
     torch.float32: {"rtol": 1e-3, "atol": 1e-4},
@@ -158,3 +177,48 @@ class Budget:
         only while half of it is."""
         left = self.deadline - time.perf_counter()
         return left > (self.seconds / 2 if expensive else 0)
+
+
+@dataclass
+class Decision:
+    """Candidates timed against ``"default"``: the fastest one that beats it (None: the default stays), whether
+    that was decided (False: no winner and the rounds too noisy to call the default the winner) and how many
+    rounds each variant ran."""
+
+    timings: dict[str, Timing]
+    winner: str | None
+    conclusive: bool
+
+    @property
+    def rounds(self) -> int:
+        return len(self.timings["default"].rounds)
+
+    @property
+    def spread(self) -> float:
+        """The largest run-to-run spread among the default and the winner (or every variant, without one)."""
+        names = ["default", self.winner] if self.winner else list(self.timings)
+        return max(self.timings[name].spread for name in names)
+
+
+def decide(
+    fns: dict[str, Callable[[list], Any]],
+    inputs: list[Any],
+    runtime: Any,
+    *,
+    written: frozenset[int] | set[int] = frozenset(),
+    eligible: Callable[[str], bool] = lambda name: True,
+) -> Decision:
+    """Time ``fns`` (one named "default") side by side and pick the fastest eligible one that :func:`beats` the
+    default; measure again while no winner is found and the rounds are noisy (module docstring)."""
+    timings = time_side_by_side(fns, inputs, runtime, written=written)
+    for attempt in range(REPEATS + 1):
+        winners = [n for n in fns if n != "default" and eligible(n) and beats(timings[n], timings["default"])]
+        if winners:
+            return Decision(timings, min(winners, key=lambda n: timings[n].median), True)
+        quiet = all(t.spread <= NOISY for t in timings.values())
+        if quiet or attempt == REPEATS:
+            return Decision(timings, None, quiet)
+        more = time_side_by_side(fns, inputs, runtime, written=written)
+        for name, timing in more.items():
+            timings[name].rounds.extend(timing.rounds)
+    raise AssertionError("unreachable")

@@ -8,8 +8,11 @@ the seed's fields (:data:`OPAT_FIELDS`, :data:`SGAT_FIELDS`). The file is rewrit
 so a crash leaves a readable file whose unfinished task says ``"tuning incomplete"`` and has no ``tuning_time(s)``.
 
 The seed's sections are left out where it leaves them out: OPAT when a graph has no tunable operator, SGAT when
-subgraph tuning failed. What the seed's format has no field for (candidates dropped and why, stale bank entries,
-the whole graph's time before and after operator tuning) is on :class:`TuneReport` itself and in its ``__str__``.
+subgraph tuning failed. What the seed's format has no field for is on :class:`TuneReport` itself, in its
+``__str__``, and in a second file beside the seed's, ``airgraph_candidates_<opat|sgat>_<timestamp>_<pid>.json``
+(rewritten with it): per task and unit, every candidate that was measured (median, run-to-run spread, rounds) or
+dropped (why: failed to compile, failed its check, time budget spent), the unit's status and note (an
+inconclusive measurement says so), stale bank entries and the whole graph's time before and after.
 """
 
 from __future__ import annotations
@@ -85,6 +88,8 @@ class Outcome:
     after_us: float = 0.0
     note: str = ""
     measured: dict[str, float] = field(default_factory=dict)  # candidate -> median us ("default" included)
+    spreads: dict[str, float] = field(default_factory=dict)  # candidate -> run-to-run spread (relative IQR)
+    rounds: int = 0  # interleaved rounds each candidate was timed
     seconds: float = 0.0  # spent compiling, checking and timing its candidates
 
 
@@ -118,6 +123,34 @@ class TuneTask:
             "repo_unsatisfied_num": self.count("unsatisfied"),
             "repo_update_num": self.count("update"),
             "total_num": sum(o.status in ("add", "update", "reserved", "hit", "unsatisfied") for o in self.outcomes),
+        }
+
+    def candidates(self) -> dict[str, Any]:
+        """Per unit: its status, note and every candidate measured or dropped (TuneReport.candidates)."""
+        units = {}
+        for o in self.outcomes:
+            dropped = {name: reason for unit, name, reason in self.dropped if unit == o.name}
+            measured = {
+                name: {"median_us": round(us, 3), "spread": round(o.spreads.get(name, 0.0), 4)}
+                for name, us in o.measured.items()
+            }
+            units[o.name] = {
+                "op_type": o.op_type,
+                "repo_key": o.key,
+                "status": o.status,
+                "choice": o.choice,
+                "note": o.note,
+                "rounds": o.rounds,
+                "seconds": round(o.seconds, 3),
+                "measured": measured,
+                "dropped": dropped,
+            }
+        return {
+            "tuning_name": self.name,
+            "status": self.status,
+            "graph_before_after_ms": [self.model_before_ms, self.model_after_ms],
+            "stale": self.stale,
+            "units": units,
         }
 
     def to_seed(self) -> list[dict[str, Any]]:
@@ -190,8 +223,9 @@ class TuneReport:
             raise ValueError(f"tuning mode {mode!r}: give 'op' or 'subgraph'")
         self.mode = mode
         folder = Path(work_path) if work_path is not None else Path.cwd()
-        kind = "opat" if mode == "op" else "sgat"
-        self.path = folder / f"aoe_result_{kind}_{timestamp()}_{os.getpid()}.json"
+        kind, stamp = ("opat" if mode == "op" else "sgat"), f"{timestamp()}_{os.getpid()}"
+        self.path = folder / f"aoe_result_{kind}_{stamp}.json"
+        self.candidates_path = folder / f"airgraph_candidates_{kind}_{stamp}.json"
         self.tasks: list[TuneTask] = []
         self.bank_dir: str | None = None
 
@@ -208,6 +242,11 @@ class TuneReport:
 
     def write(self) -> None:
         write_text_atomic(self.path, json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
+        write_text_atomic(self.candidates_path, json.dumps(self.candidates(), indent=2, sort_keys=True) + "\n")
+
+    def candidates(self) -> dict[str, Any]:
+        """What each unit's candidates did (the module docstring's second file)."""
+        return {task.key: task.candidates() for task in self.tasks}
 
     @property
     def outcomes(self) -> list[Outcome]:
@@ -243,7 +282,19 @@ class TuneReport:
                         f"    {o.name} ({o.op_type}): {o.tune_mode} {o.choice}, {o.before_us:.1f} us -> "
                         f"{o.after_us:.1f} us ({improvement(o.before_us, o.after_us)}, {o.status})"
                     )
+                else:
+                    lines.append(f"    {o.name} ({o.op_type}): {o.status}" + (f": {o.note}" if o.note else ""))
+                if o.measured:
+                    timed = ", ".join(
+                        f"{name} {us:.1f}" + (f"±{o.spreads[name]:.0%}" if name in o.spreads else "")
+                        for name, us in o.measured.items()
+                    )
+                    lines.append(f"      measured (us, median±spread, {o.rounds} rounds): {timed}")
+                for unit, name, reason in task.dropped:
+                    if unit == o.name:
+                        lines.append(f"      dropped {name}: {reason}")
         lines.append(f"  report: {self.path}")
+        lines.append(f"  candidates: {self.candidates_path}")
         return "\n".join(lines)
 
     def __repr__(self) -> str:

@@ -43,7 +43,7 @@ from airgraph.report.schema import GraphReport
 from airgraph.runtime.executor import build_executor
 from airgraph.tuning.bank import TUNED, UNSATISFIED, Bank, BankFile, Entry
 from airgraph.tuning.candidates import VERSIONS
-from airgraph.tuning.measure import beats, check, fresh_inputs, reference_outputs, time_side_by_side
+from airgraph.tuning.measure import NOISY, beats, check, fresh_inputs, reference_outputs, time_side_by_side
 from airgraph.tuning.params import freezable_positions
 from airgraph.tuning.report import FAILED, SUCCESSFUL, TuneReport, TuneTask
 from airgraph.tuning.source import bank_file
@@ -154,12 +154,14 @@ class Tuner(UnitMeasuring):
         before, after = timings["before"], timings["after" if changed else "before"]
         if changed and not (after.median < before.median and not beats(before, after)):
             slower = beats(before, after)
+            quiet = max(before.spread, after.spread) <= NOISY
             for seg in graph.segments:
                 seg.impl, seg.compiled = saved[seg.id]
             for item in tentative:
                 if item.choice is not None:
                     item.choice, item.outcome.note = None, "no gain in the whole graph" if slower else "within noise"
                     item.outcome.after_us = item.outcome.before_us
+                    item.conclusive = slower or quiet
             task.model_after_ms = task.model_before_ms
             return run
         for seg in changed:
@@ -206,6 +208,11 @@ class Tuner(UnitMeasuring):
 
     def _commit(self, item: Tentative, file: BankFile, task: TuneTask) -> None:
         outcome, choice = item.outcome, item.choice
+        if choice is None and not item.conclusive:  # too noisy to say the default won: nothing recorded
+            outcome.status = "unsatisfied"
+            task.outcomes.append(outcome)
+            self.report.write()
+            return
         entry = Entry(
             key=outcome.key,
             kind=self.mode,

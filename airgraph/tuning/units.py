@@ -23,7 +23,7 @@ from airgraph.report.schema import GraphReport
 from airgraph.tuning.bank import TUNED, BankFile, Entry
 from airgraph.tuning.candidates import op_candidates, subgraph_candidates
 from airgraph.tuning.lowering import compiling
-from airgraph.tuning.measure import Budget, Timing, beats, check, fresh_inputs, reference_outputs, time_side_by_side
+from airgraph.tuning.measure import NOISY, Budget, Decision, check, decide, fresh_inputs, reference_outputs
 from airgraph.tuning.operators import OpUnit, apply_op_choices, find_units, op_graph
 from airgraph.tuning.params import segment_frozen
 from airgraph.tuning.report import Outcome, TuneTask
@@ -63,6 +63,7 @@ class Tentative:
     impl: Impl | None = None  # subgraph mode: the winner's Impl and compiled callable
     compiled: Any = None
     node: str = ""  # operator mode: the node's name in the segment's graph
+    conclusive: bool = True  # False: no winner, and too noisy to record that the default won (measure.decide)
 
 
 class UnitMeasuring:
@@ -105,20 +106,12 @@ class UnitMeasuring:
                 if fn is not None and self._checked(task, outcome.name, cand, fn, inputs, seg.written, reference):
                     fns[cand["name"]] = (fn, cand, impl)
             self._emit("candidate", name=cand["name"])
-        timings = time_side_by_side(
-            {"default": default_fn, **{n: f for n, (f, _, _) in fns.items()}},
-            inputs,
-            graph.runtime,
-            written=seg.written,
-        )
-        best = _best(timings, {n: c for n, (_, c, _) in fns.items()})
-        item = Tentative(seg, outcome, base, best[1] if best else None, _spread(timings, best))
-        outcome.before_us = timings["default"].median * 1e6
-        outcome.after_us = timings[best[0]].median * 1e6 if best else outcome.before_us
-        outcome.measured = {name: t.median * 1e6 for name, t in timings.items()}
-        outcome.seconds = time.perf_counter() - start
-        if best is not None:
-            item.compiled, _, item.impl = fns[best[0]]  # impl_for made it: chosen by tuning, with its bank key
+        timed = {"default": default_fn, **{n: f for n, (f, _, _) in fns.items()}}
+        decision = decide(timed, inputs, graph.runtime, written=seg.written)
+        item = Tentative(seg, outcome, base, None, 0.0)
+        _settle(item, decision, {n: c for n, (_, c, _) in fns.items()}, start)
+        if decision.winner is not None:
+            item.compiled, _, item.impl = fns[decision.winner]  # impl_for made it: chosen by tuning, with its bank key
         return item
 
     def _operators(
@@ -149,7 +142,7 @@ class UnitMeasuring:
             item = Tentative(seg, outcome, keys[0], None, 0.0, node=unit.node.name)
             if keys[1] in measured:  # the same operator at the same shapes, measured a moment ago
                 first = measured[keys[1]]
-                item.choice, item.spread = first.choice, first.spread
+                item.choice, item.spread, item.conclusive = first.choice, first.spread, first.conclusive
                 outcome.before_us, outcome.after_us = first.outcome.before_us, first.outcome.after_us
                 outcome.note = f"as {first.outcome.name}"
                 found.append(item)
@@ -171,7 +164,7 @@ class UnitMeasuring:
         kernel backend: Inductor may not call ATen for it), on its real inputs; sets ``item``. The candidates run
         as direct ATen calls: each is one call (a prepared-weight GEMM, a kernel), or a few ATen ops that a fusing
         backend could only make faster (the whole graph's check keeps what does not pay off in it)."""
-        outcome, start = item.outcome, time.perf_counter()
+        start = time.perf_counter()
         default_fn = self._lower_alone(item.segment, op_gm)
         reference = reference_outputs(default_fn, op_inputs, ())
         candidates = op_candidates(unit, graph.request.device, graph.request.kind == "inference")
@@ -184,15 +177,8 @@ class UnitMeasuring:
             if fn is not None and self._checked(task, unit.name, cand, fn, op_inputs, (), reference, strides=False):
                 fns[cand["name"]] = (fn, cand)
             self._emit("candidate", name=cand["name"])
-        timings = time_side_by_side(
-            {"default": default_fn, **{n: f for n, (f, _) in fns.items()}}, op_inputs, graph.runtime
-        )
-        best = _best(timings, {n: c for n, (_, c) in fns.items()})
-        item.choice, item.spread = (best[1] if best else None), _spread(timings, best)
-        outcome.before_us = timings["default"].median * 1e6
-        outcome.after_us = timings[best[0]].median * 1e6 if best else outcome.before_us
-        outcome.measured = {name: t.median * 1e6 for name, t in timings.items()}
-        outcome.seconds = time.perf_counter() - start
+        decision = decide({"default": default_fn, **{n: f for n, (f, _) in fns.items()}}, op_inputs, graph.runtime)
+        _settle(item, decision, {n: c for n, (_, c) in fns.items()}, start)
 
     # -- shared steps ------------------------------------------------------------------------------------
     def _found(self, entry: Entry | None, outcome: Outcome, task: TuneTask, stale: bool) -> bool:
@@ -283,15 +269,19 @@ def _node_values(gm: torch.fx.GraphModule, inputs: list[Any], wanted: set[torch.
     return values
 
 
-def _best(timings: dict[str, Timing], candidates: dict[str, dict]) -> tuple[str, dict] | None:
-    """The fastest candidate that beats the default (measure.beats), or None."""
-    winners = [name for name in candidates if beats(timings[name], timings["default"])]
-    if not winners:
-        return None
-    name = min(winners, key=lambda n: timings[n].median)
-    return name, candidates[name]
-
-
-def _spread(timings: dict[str, Timing], best: tuple[str, dict] | None) -> float:
-    spreads = [timings["default"].spread] + ([timings[best[0]].spread] if best else [])
-    return max(spreads)
+def _settle(item: Tentative, decision: Decision, candidates: dict[str, dict], start: float) -> None:
+    """Set a measured unit's choice, times and note from ``decision``."""
+    outcome, timings = item.outcome, decision.timings
+    item.choice = candidates[decision.winner] if decision.winner else None
+    item.spread, item.conclusive = decision.spread, decision.conclusive
+    outcome.before_us = timings["default"].median * 1e6
+    outcome.after_us = timings[decision.winner or "default"].median * 1e6
+    outcome.measured = {name: t.median * 1e6 for name, t in timings.items()}
+    outcome.spreads = {name: t.spread for name, t in timings.items()}
+    outcome.rounds = decision.rounds
+    if not decision.conclusive:
+        outcome.note = (
+            f"inconclusive: run-to-run spread {decision.spread:.0%} after {decision.rounds} rounds (above "
+            f"{NOISY:.0%}: is the machine busy?); nothing recorded, the next tuning run measures it again"
+        )
+    outcome.seconds = time.perf_counter() - start

@@ -72,6 +72,14 @@ def test_operator_tuning_on_the_cost_model_keeps_the_defaults_and_remembers(tmp_
     validate(document, "op")
     summary = document[task.key][1]["OPAT"]["repo_summary"]
     assert summary["repo_unsatisfied_num"] == 2 and summary["total_num"] == 2
+    # What was measured and dropped, and why, beside the seed's file (which has no field for it).
+    units = json.loads(report.candidates_path.read_text())[task.key]["units"]
+    assert set(units) == {"up/addmm", "down/addmm_1"}
+    for name, unit in units.items():
+        assert unit["status"] == "unsatisfied" and unit["rounds"] == 9, name
+        assert "default" in unit["measured"] and len(unit["measured"]) + len(unit["dropped"]) > 2, name
+        assert all(v["median_us"] > 0 and v["spread"] >= 0 for v in unit["measured"].values())
+    assert "measured (us, median±spread, 9 rounds): default" in str(report)
     assert all(e.status != TUNED for e in bank_entries(tmp_path).values())  # memos, not entries
     torch._dynamo.reset()
     again, *_, events = run_tuned(model, x, config, SimulatedCuda())
@@ -297,6 +305,35 @@ def test_lowering_keeps_the_segment_graph_its_keys_come_from():
     real = [v.detach().clone() for v in state.values()]
     with torch.no_grad():
         assert_close(compiled([*real, tokens, pos])[0], expected)
+
+
+def test_a_busy_machine_leaves_no_verdict_in_the_bank(tmp_path, model_and_input, monkeypatch):
+    """Every other measurement slowed by half (another process on the core): the tuner measures again, then calls
+    the units inconclusive, says so, and records nothing: the next run measures them again."""
+    calls: dict[int, int] = {}
+    cost_model = SimulatedCuda.time
+
+    def busy(self, fn, args, iters):  # each function's every other measurement is half as slow again
+        calls[id(fn)] = calls.get(id(fn), 0) + 1
+        return cost_model(self, fn, args, iters) * (1.5 if calls[id(fn)] % 2 else 1.0)
+
+    monkeypatch.setattr(SimulatedCuda, "time", busy)
+    model, x = model_and_input
+    config = tuning_config(tmp_path, "op", kernel_backend="aten", **{"tuning.budget_s": 0.2})
+    backend, first, _, _ = run_tuned(model, x, config, SimulatedCuda())
+    with torch.no_grad():
+        assert_close(first, model(x))
+    report = backend.tuner.report
+    (task,) = report.tasks
+    assert [o.status for o in task.outcomes] == ["unsatisfied", "unsatisfied"]
+    assert all(o.note.startswith("inconclusive: run-to-run spread") and o.rounds > 9 for o in task.outcomes)
+    assert bank_entries(tmp_path) == {}  # no memo: nothing was decided
+    details = json.loads(report.candidates_path.read_text())[task.key]["units"]
+    assert details["up/addmm"]["note"].startswith("inconclusive") and "default" in details["up/addmm"]["measured"]
+    assert "inconclusive" in str(report)
+    torch._dynamo.reset()
+    _, _, _, events = run_tuned(model, x, config, SimulatedCuda())
+    assert [e for e in events if e[0] == "unit"] == [("unit", "up/addmm"), ("unit", "down/addmm_1")]
 
 
 def test_tuning_measures_outside_the_first_calls_dispatch_modes(tmp_path, model_and_input, monkeypatch):
