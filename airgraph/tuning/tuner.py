@@ -13,9 +13,10 @@ The first call then:
    nothing measured, unless ``repeat``), else their candidates (tuning/candidates.py) are compiled, checked against
    the default's outputs and timed side by side (tuning/measure.py), within ``config.tuning.budget_s`` each;
 3. lowers the segments whose units found a faster choice with those choices (what a later compile gets from the
-   bank: ``chosen_by "tuning"``) and times the whole graph before and after, side by side: unless the tuned graph's
-   median is lower (and its rounds not measurably slower), the choices are dropped ("unsatisfied": a choice that
-   won alone but not in its graph, e.g. one that costs a fusion) and the graph keeps running as it was;
+   bank: ``chosen_by "tuning"``) and times the whole graph before and after, side by side: unless the tuned graph
+   beats the untuned one as a candidate beats a default (tuning/measure.py), the choices are dropped
+   ("unsatisfied": a choice that won alone but not in its graph, e.g. one that costs a fusion) and the graph keeps
+   running as it was;
 4. commits each unit to the bank under its lock (tuning/bank.py: add, update, reserved, unsatisfied) and writes the
    seed-format report (tuning/report.py) after every unit.
 
@@ -43,7 +44,7 @@ from airgraph.report.schema import GraphReport
 from airgraph.runtime.executor import build_executor
 from airgraph.tuning.bank import TUNED, UNSATISFIED, Bank, BankFile, Entry
 from airgraph.tuning.candidates import VERSIONS
-from airgraph.tuning.measure import NOISY, beats, check, fresh_inputs, reference_outputs, time_side_by_side
+from airgraph.tuning.measure import beats, check, decide, fresh_inputs, reference_outputs, time_side_by_side
 from airgraph.tuning.params import freezable_positions
 from airgraph.tuning.report import FAILED, SUCCESSFUL, TuneReport, TuneTask
 from airgraph.tuning.source import bank_file
@@ -143,25 +144,31 @@ class Tuner(UnitMeasuring):
         task: TuneTask,
         run: Callable,
     ) -> Callable:
-        """Lower the segments with their units' choices and keep them if the whole graph got faster."""
+        """Lower the segments with their units' choices and keep them if the whole graph got measurably faster
+        (measure.decide: by at least MIN_GAIN and beyond the run-to-run spread; a gain within noise once kept a
+        choice that a fresh process measured 5% slower)."""
         saved = {seg.id: (seg.impl, seg.compiled) for seg in graph.segments}
         changed = self._lower_choices(graph, recorded, tentative)
-        new_run = graph.rebuild() if changed else run
-        runs = {"before": run, "after": new_run} if changed else {"before": run}
-        timings = time_side_by_side(runs, values, graph.runtime, written=graph.mutated)
-        task.model_before_ms = timings["before"].median * 1e3
-        task.model_after_ms = timings["after" if changed else "before"].median * 1e3
-        before, after = timings["before"], timings["after" if changed else "before"]
-        if changed and not (after.median < before.median and not beats(before, after)):
-            slower = beats(before, after)
-            quiet = max(before.spread, after.spread) <= NOISY
+        if not changed:
+            timings = time_side_by_side({"default": run}, values, graph.runtime, written=graph.mutated)
+            task.model_before_ms = task.model_after_ms = timings["default"].median * 1e3
+            return run
+        new_run = graph.rebuild()
+        decision = decide({"default": run, "tuned": new_run}, values, graph.runtime, written=graph.mutated)
+        task.model_before_ms = decision.timings["default"].median * 1e3
+        task.model_after_ms = decision.timings["tuned"].median * 1e3
+        if decision.winner is None:
+            slower = beats(decision.timings["default"], decision.timings["tuned"])
+            note = "no gain in the whole graph" if slower else "no measurable gain in the whole graph"
+            if not decision.conclusive:
+                note += f" (inconclusive: spread {decision.spread:.0%} after {decision.rounds} rounds)"
             for seg in graph.segments:
                 seg.impl, seg.compiled = saved[seg.id]
             for item in tentative:
                 if item.choice is not None:
-                    item.choice, item.outcome.note = None, "no gain in the whole graph" if slower else "within noise"
+                    item.choice, item.outcome.note = None, note
                     item.outcome.after_us = item.outcome.before_us
-                    item.conclusive = slower or quiet
+                    item.conclusive = decision.conclusive
             task.model_after_ms = task.model_before_ms
             return run
         for seg in changed:
