@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 from torch._guards import detect_fake_mode
+from torch.utils._python_dispatch import _disable_current_modes
 
 from airgraph.tuning.operators import apply_op_choices
 
@@ -133,7 +134,10 @@ class _FrozenSegment:
         gm = freeze_inputs(request.gm, values)
         kept_inputs = [request.example_inputs[i] for i in self._keep]
         try:
-            with compiling(request.example_inputs):
+            # Compiled during a call: AOTAutograd's first-call dispatch mode (and any mode of the caller's) stays
+            # out of it, or Inductor's GEMM autotuning would time ATen's kernels through Python and pick another
+            # kernel than the tuner measured.
+            with _disable_current_modes(), compiling(request.example_inputs):
                 if self._inductor:
                     gm = _freezing_passes(gm, kept_inputs)
                 self._compiled = self._lower(dataclasses.replace(request, gm=gm, example_inputs=kept_inputs))

@@ -215,6 +215,13 @@ class Tuner(UnitMeasuring):
 
     def _commit(self, item: Tentative, file: BankFile, task: TuneTask) -> None:
         outcome, choice = item.outcome, item.choice
+        if item.same_as is not None:  # the same operator, measured and committed a moment ago: counted as it was
+            outcome.status = item.same_as.outcome.status
+            if choice is not None:
+                outcome.choice, outcome.tune_mode = choice["name"], choice["tune_mode"]
+            task.outcomes.append(outcome)
+            self.report.write()
+            return
         if choice is None and not item.conclusive:  # too noisy to say the default won: nothing recorded
             outcome.status = "unsatisfied"
             task.outcomes.append(outcome)

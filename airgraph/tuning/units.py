@@ -64,6 +64,7 @@ class Tentative:
     compiled: Any = None
     node: str = ""  # operator mode: the node's name in the segment's graph
     conclusive: bool = True  # False: no winner, and too noisy to record that the default won (measure.decide)
+    same_as: Tentative | None = None  # operator mode: an equal operator measured in this run, counted as it is
 
 
 class UnitMeasuring:
@@ -143,6 +144,7 @@ class UnitMeasuring:
             if keys[1] in measured:  # the same operator at the same shapes, measured a moment ago
                 first = measured[keys[1]]
                 item.choice, item.spread, item.conclusive = first.choice, first.spread, first.conclusive
+                item.same_as = first
                 outcome.before_us, outcome.after_us = first.outcome.before_us, first.outcome.after_us
                 outcome.note = f"as {first.outcome.name}"
                 found.append(item)

@@ -375,6 +375,24 @@ def test_a_choice_is_kept_only_when_the_whole_graph_is_measurably_faster(tmp_pat
     assert [e.status for e in bank_entries(tmp_path).values()] == ["unsatisfied"]  # the default won, for good
 
 
+def test_equal_operators_of_one_run_count_as_the_one_measured(tmp_path):
+    """Two equal GEMMs (same shapes) are measured once; on an empty bank the second is no hit: the first run found
+    nothing in the bank (it counted 'reserved' once, from the memo the first had just written)."""
+    torch.manual_seed(0)
+    model, x = torch.nn.Sequential(MLP(), MLP()).eval(), torch.randn(8, 32)
+    config = tuning_config(tmp_path, "op", kernel_backend="aten", **{"tuning.budget_s": 0.2})
+    backend, *_ = run_tuned(model, x, config, SimulatedCuda())
+    (task,) = backend.tuner.report.tasks
+    assert [(o.status, o.note.startswith("as ")) for o in task.outcomes] == [
+        ("unsatisfied", False),
+        ("unsatisfied", False),
+        ("unsatisfied", True),
+        ("unsatisfied", True),
+    ]
+    summary = task.summary()
+    assert summary["repo_hit_num"] == 0 and summary["repo_unsatisfied_num"] == summary["total_num"] == 4
+
+
 def test_tuning_measures_outside_the_first_calls_dispatch_modes(tmp_path, model_and_input, monkeypatch):
     """AOTAutograd runs a graph's first call (where tuning happens) under a Python dispatch mode of its own; timed
     under it, every ATen op paid a Python round trip, and a report's gain (0.68 on a 384-768 MLP) did not reach the
