@@ -120,9 +120,12 @@ class KernelLibrary:
         return self.read_index()["kernels"]
 
     # -- installing ---------------------------------------------------------------------------------------
-    def install(self, package_path: str | os.PathLike[str]) -> InstallResult:
+    def install(self, package_path: str | os.PathLike[str], *, repairs: dict[str, str] | None = None) -> InstallResult:
         """Install the package at ``package_path`` (see the module docstring). PackageError for a package that is
-        torn, of another format or version, or whose files fail their digests; nothing is installed then."""
+        torn, of another format or version, or whose files fail their digests; nothing is installed then.
+        ``repairs``: kernel id -> the package of its installed entry whose files are damaged; the package's kernel
+        replaces that entry even where it is no newer (a rebuild may give the same bytes)."""
+        repairs = repairs or {}
         manifest = pkg.read_manifest(package_path)
         pkg.verify(package_path, manifest)
         name = pkg.package_name(package_path)
@@ -138,7 +141,12 @@ class KernelLibrary:
                 kid = pkg.kernel_id(kernel["graph_key"], kernel["shape_id"])
                 current = index["kernels"].get(kid)
                 built = kernel.get("built", manifest["created"])
-                if current is not None and (current["files"] == kernel["files"] or current["built"] >= built):
+                repaired = current is not None and repairs.get(kid) == current["package"]
+                if (
+                    current is not None
+                    and not repaired
+                    and (current["files"] == kernel["files"] or current["built"] >= built)
+                ):
                     result.kept.append(kid)
                 else:
                     taken.append((kid, kernel, built))
@@ -219,12 +227,14 @@ class KernelLibrary:
                 shutil.rmtree(folder, ignore_errors=True)
 
     # -- claims: one builder per kernel on a node ---------------------------------------------------------
-    def claim(self, kid: str) -> str:
+    def claim(self, kid: str, *, replacing: str | None = None) -> str:
         """Ask to build kernel ``kid``: "claimed" (build it, then :meth:`release`), "installed" (it already is), or
-        "taken" (a live process is building it)."""
+        "taken" (a live process is building it). ``replacing``: the package of a damaged entry of ``kid`` to build
+        again; "installed" then means another package's entry has replaced it."""
         path = self._claim_path(kid)
         with locked(self.index_path):
-            if kid in self.read_index()["kernels"]:
+            current = self.read_index()["kernels"].get(kid)
+            if current is not None and current["package"] != replacing:
                 return "installed"
             if path.exists():
                 try:

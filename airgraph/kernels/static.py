@@ -90,6 +90,7 @@ class StaticKernels:
         )
         self.built: list[pkg.KernelFiles] = []  # this process's package
         self._failed: set[str] = set()
+        self._repairs: dict[str, str] = {}  # kernel id -> package of its damaged entry, being built again
         self._loaded: dict[str, LoadedKernel] = {}
         self._refused: dict[str, str] = {}  # kernel id -> package whose entry was refused (warned once)
         self._index: dict[str, Any] = {"kernels": {}, "graphs": {}}
@@ -139,6 +140,18 @@ class StaticKernels:
         """The installed kernels of a segment graph key."""
         return [e for e in self._read()["kernels"].values() if e["graph_key"] == graph_key]
 
+    def damaged(self, graph_key: str) -> list[str]:
+        """The installed kernels of a segment graph key whose files are damaged or gone (to build again)."""
+        found = []
+        for entry in self.entries(graph_key):
+            try:
+                damage = _damage(entry, self.library.folder(entry))
+            except FileNotFoundError:
+                damage = "missing"
+            if damage is not None:
+                found.append(pkg.kernel_id(entry["graph_key"], entry["shape_id"]))
+        return found
+
     def graph_records(self) -> dict[str, dict]:
         """Dynamo graphs (warm-start keys) the library can warm-start -> how (kernels/warm.py's graph_record)."""
         return self._read()["graphs"]
@@ -161,12 +174,10 @@ class StaticKernels:
         reason = mismatch(entry["build"], describe(device))
         folder = self.library.folder(entry)
         if reason is None:
-            for name, expected in entry["files"].items():
-                try:
-                    if file_digest(folder / name) != expected["sha256"]:
-                        reason = f"its file {name} does not match its sha256 (corrupted or changed after install)"
-                except FileNotFoundError:
-                    return None  # removed or replaced since the index was read: not installed now
+            try:
+                reason = _damage(entry, folder)
+            except FileNotFoundError:
+                return None  # removed or replaced since the index was read: not installed now
         if reason is None:  # no process is the first to load a package in an environment (kernels/probe.py)
             verdict = self.probes.check(folder / "kernel.pt2", entry["shape_key"], device, kid)
             if verdict.status == "crashed":  # the probe warned, once per process
@@ -238,8 +249,25 @@ class StaticKernels:
             return None
         key = shape_key_of(specs)
         job = _Job(segment, specs, key, shape_id(key))
-        if job.kid in self._failed or self._entry(job.kid) is not None:
+        if job.kid in self._failed:
             return None
+        entry = self._entry(job.kid)
+        if entry is not None:  # installed: built again only when its files are damaged (as the loader refuses them)
+            try:
+                damage = _damage(entry, self.library.folder(entry))
+            except FileNotFoundError:
+                damage = "a file of it is missing"
+            if damage is None:
+                return None
+            if self.library.claim(job.kid, replacing=entry["package"]) != "claimed":
+                return None  # another process is building it again, or has installed it again
+            warnings.warn(
+                f"airgraph: static kernel {job.kid} (package {entry['package']} in {self.library.root}): {damage}; "
+                "building it again",
+                stacklevel=3,
+            )
+            self._repairs[job.kid] = entry["package"]
+            return job
         return job if self.library.claim(job.kid) == "claimed" else None
 
     def build(self, jobs: list[_Job]) -> Path | None:
@@ -264,7 +292,7 @@ class StaticKernels:
             served = {k.graph_key for k in self.built}
             graphs = {key: record for key, record in self.records.items() if record["graph_key"] in served}
             pkg.write_package(path, self.built, describe(jobs[0].segment.request.device), graphs)
-            result = self.library.install(path)
+            result = self.library.install(path, repairs=self._repairs)
             log.info(
                 "airgraph: static kernels: package %s (%d kernels) written and installed into %s (%d new)",
                 path,
@@ -311,6 +339,15 @@ class StaticKernels:
             )
         )
         return 1
+
+
+def _damage(entry: dict[str, Any], folder: Path) -> str | None:
+    """Why an installed kernel's files are not what was installed (a digest differs), or None. FileNotFoundError
+    when one is gone."""
+    for name, expected in entry["files"].items():
+        if file_digest(folder / name) != expected["sha256"]:
+            return f"its file {name} does not match its sha256 (corrupted or changed after install)"
+    return None
 
 
 def _load_aoti(kid: str, path: Path, device: torch.device) -> LoadedKernel:

@@ -189,6 +189,8 @@ def warm_start(kernels: StaticKernels, gm: torch.fx.GraphModule, example_inputs:
     )
     if kernels.load(segment_key, shape_id(concrete), torch.device("cpu")) is None:
         return None
+    if kernels.builds and kernels.damaged(segment_key):  # the ordinary compile builds the damaged kernels again
+        return None
     symbols = _symbols(inputs)
     choices = []  # per installed key of this graph: the value of each symbol
     for entry in kernels.entries(segment_key):

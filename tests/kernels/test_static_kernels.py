@@ -205,6 +205,53 @@ def test_a_kernel_built_elsewhere_or_corrupted_is_refused_once(built, tmp_path, 
 
 
 @pytest.mark.slow
+def test_a_damaged_kernel_is_built_again_and_the_next_process_is_warm(built, tmp_path, inductor_compiles):
+    """A byte flipped in the middle of the library's largest file: with building on, that kernel is built again
+    and installed (a new package, atomically, as any install; the damaged files go with the old package), the
+    results equal eager, and a later process loads every kernel with no warning and compiles nothing."""
+    library = library_copy(built, tmp_path)
+    largest = max((p for p in library.glob("packages/**/*") if p.is_file()), key=lambda p: p.stat().st_size)
+    data = bytearray(largest.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    largest.write_bytes(bytes(data))
+    kernels = KernelLibrary(library)
+    index = kernels.read_index()
+    (damaged,) = [kid for kid, e in index["kernels"].items() if largest.is_relative_to(kernels.folder(e))]
+    backend = AirgraphBackend(static_config(tmp_path / "rebuild", library_dir=str(library), build=True))
+    with pytest.warns(UserWarning, match="does not match its sha256") as caught:
+        run_step(backend, BATCHES)
+    (rebuilding,) = [str(w.message) for w in caught if "building it again" in str(w.message)]
+    assert damaged in rebuilding
+    after = KernelLibrary(library).read_index()
+    assert after["kernels"][damaged]["package"] != index["kernels"][damaged]["package"]
+    assert {k: e["package"] for k, e in after["kernels"].items() if k != damaged} == {
+        k: e["package"] for k, e in index["kernels"].items() if k != damaged
+    }
+    assert not largest.exists() or largest.read_bytes() != bytes(data)  # the damaged file is not served again
+    torch._dynamo.reset()
+    inductor_compiles.clear()
+    later = AirgraphBackend(static_config(tmp_path / "later", library_dir=str(library), build=False))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        run_step(later, BATCHES)
+    assert inductor_compiles == []  # warm: every key from the library
+
+
+@pytest.mark.slow
+def test_a_damaged_kernel_without_building_stays_refused_and_the_library_as_it_is(built, tmp_path):
+    library = library_copy(built, tmp_path)
+    (path, *_) = sorted(library.glob("packages/*/*/*/kernel.pt2"))
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+    index = (library / "index.json").read_text()
+    backend = AirgraphBackend(static_config(tmp_path / "run", library_dir=str(library), build=False))
+    with pytest.warns(UserWarning, match="does not match its sha256"):
+        run_step(backend, BATCHES)
+    assert (library / "index.json").read_text() == index and path.read_bytes() == bytes(data)
+
+
+@pytest.mark.slow
 def test_a_refused_kernel_leaves_the_segment_to_its_dynamic_kernel(built, tmp_path, inductor_compiles):
     library = library_copy(built, tmp_path)
     _edit_index(library, lambda entry: entry["build"].__setitem__("airgraph", "0.0.1"))
