@@ -12,6 +12,11 @@ CUDA build) is used as it is:
   the ``airgraph`` command work). A machine without a package registry (the GPU machine) needs nothing else;
 - otherwise pip installs what is missing: ``torch==2.13.0`` (the CPU build, from the wheel the development
   machines keep) only when no torch >= 2.11 is importable, then airgraph with its test extras, editable.
+
+``--torch VERSION`` makes an environment for one supported torch (CI tests the oldest and the newest, each in its
+own; ``make test-fast TORCH=2.15.0``): run by the project venv's Python, the new venv sees every package of that
+venv and gets that torch of its own from the package index (PyPI's build, with the CUDA libraries it loads at
+import even on a CPU), plus whichever of torch's requirements the project venv does not satisfy.
 """
 
 from __future__ import annotations
@@ -122,9 +127,22 @@ def pip_install(python: Path) -> None:
     subprocess.run([*pip, "-e", f"{ROOT}[test]"], check=True)
 
 
+def install_torch(python: Path, version: str) -> None:
+    """``torch==version`` into the venv of ``python`` (with what it requires that the venv lacks)."""
+    have = _run(python, "import importlib.metadata as md; print(md.version('torch'))").stdout.strip()
+    if have.split("+")[0] != version:
+        subprocess.run([str(python), "-m", "pip", "install", "-q", f"torch=={version}"], check=True)
+
+
 def main(argv: list[str]) -> int:
-    path = Path(argv[1] if len(argv) > 1 else ROOT / ".venv")
+    args = list(argv[1:])
+    torch_version = None
+    if args[:1] == ["--torch"]:
+        torch_version, args = args[1], args[2:]
+    path = Path(args[0] if args else ROOT / ".venv")
     python = make_venv(path)
+    if torch_version is not None:
+        install_torch(python, torch_version)
     try:
         missing = missing_requirements(python)
     except ImportError:  # no tomllib (Python 3.10): pip decides

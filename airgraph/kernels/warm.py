@@ -109,8 +109,8 @@ def _simple(metadata: Any, inputs: int) -> bool:
         and metadata.num_intermediate_bases == 0
         and not metadata.tokens
         and len(metadata.input_info) == inputs
-        and all(not hasattr(m, "arg_count") for m in metadata.subclass_inp_meta)
-    )
+        and not any(type(m).__name__ == "SubclassCreationMeta" for m in metadata.subclass_inp_meta)
+    )  # (by name: torch 2.15's PlainTensorMeta has an arg_count too, which this once asked for)
 
 
 def graph_record(current: tuple[str, int] | None, segments: list[Segment]) -> dict[str, Any] | None:

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from airgraph.cli import main
 from airgraph.kernels.library import KernelLibrary
+from airgraph.kernels.machine import describe
 from tests.kernels.conftest import run_python
 from tests.kernels.test_library import make_package
 
@@ -69,7 +71,9 @@ def test_list_check_says_whether_this_machine_runs_each_kernel(built, tmp_path, 
     assert main(["kernels", "list", library, "--check"]) == 0
     out = capsys.readouterr().out
     assert "runs here" in out and out.count("yes") == 2 and "[2]" in out and "[3]" in out
-    foreign = make_package(tmp_path / "foreign.zip", {"g9/a": "2026-01-01"})  # its build names no CPU architecture
+    here = describe(torch.device("cpu"))  # this torch and CPU, but a build that names no CPU architecture
+    foreign_build = {**here, "device": {k: v for k, v in here["device"].items() if k != "machine"}}
+    foreign = make_package(tmp_path / "foreign.zip", {"g9/a": "2026-01-01"}, build=foreign_build)
     assert main(["kernels", "install", str(foreign), "--library", library]) == 0
     capsys.readouterr()
     assert main(["kernels", "list", library, "--check"]) == 1

@@ -21,7 +21,7 @@ from tests.kernels.conftest import run_python
 BUILD = {"torch": "2.13.0+cpu", "airgraph": "0.1.0", "device": {"type": "cpu", "isa": "AVX512", "flags": []}}
 
 
-def make_package(path: Path, kernels: dict[str, str], *, size: int = 4096) -> Path:
+def make_package(path: Path, kernels: dict[str, str], *, size: int = 4096, build: dict | None = None) -> Path:
     """A package at ``path`` with one kernel per ``{"<graph>/<shape>": built time}``, each a file of random bytes."""
     files = []
     for kid, built in kernels.items():
@@ -30,7 +30,7 @@ def make_package(path: Path, kernels: dict[str, str], *, size: int = 4096) -> Pa
         blob.write_bytes(os.urandom(size))
         info = {"built": built, "label": f"[{shape}]", "ops": 3}
         files.append(KernelFiles(graph, [["float32", [2, 16], [16, 1]]], shape, {"kernel.pt2": blob}, info))
-    write_package(path, files, BUILD)
+    write_package(path, files, build or BUILD)
     return path
 
 

@@ -157,7 +157,9 @@ def test_the_check_after_each_cuda_test_finds_a_flagged_generator_and_resets_it(
 
 def _masked_zero(x: torch.Tensor) -> torch.Tensor:
     y = x.clone()
-    y[x > 0] = 0  # index_put with a boolean mask: nonzero on CUDA
+    # index_put with a boolean mask: nonzero on CUDA. (Written as index_put_ with a tensor: torch 2.15 traces
+    # ``y[x > 0] = 0`` as masked_fill, which does not synchronise.)
+    y.index_put_((x > 0,), torch.zeros(1, device=x.device))
     return y * 2
 
 
