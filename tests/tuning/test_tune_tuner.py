@@ -47,6 +47,15 @@ def bank_entries(tmp_path) -> dict:
     return {k: e for f in files for k, e in BankFile(f).entries().items()}
 
 
+def tuned_on_simulator(model, x, config) -> AirgraphBackend:
+    """``model`` tuned on its first call on the simulator; both calls' outputs checked against eager."""
+    backend, first, second, _ = run_tuned(model, x, config, SimulatedCuda())
+    with torch.no_grad():
+        expected = model(x)
+    assert_close(first, expected) and assert_close(second, expected)
+    return backend
+
+
 def run_tuned(model, x, config, runtime=None):
     backend = AirgraphBackend(config, runtime=runtime)
     events: list[tuple[str, str]] = []
@@ -320,9 +329,7 @@ def test_a_busy_machine_leaves_no_verdict_in_the_bank(tmp_path, model_and_input,
     monkeypatch.setattr(SimulatedCuda, "time", busy)
     model, x = model_and_input
     config = tuning_config(tmp_path, "op", kernel_backend="aten", **{"tuning.budget_s": 0.2})
-    backend, first, _, _ = run_tuned(model, x, config, SimulatedCuda())
-    with torch.no_grad():
-        assert_close(first, model(x))
+    backend = tuned_on_simulator(model, x, config)
     report = backend.tuner.report
     (task,) = report.tasks
     assert [o.status for o in task.outcomes] == ["unsatisfied", "unsatisfied"]
@@ -363,9 +370,7 @@ def test_a_choice_is_kept_only_when_the_whole_graph_is_measurably_faster(tmp_pat
     monkeypatch.setattr(SimulatedCuda, "time", time)
     model, x = model_and_input
     config = tuning_config(tmp_path, "subgraph", kernel_backend="aten", **{"tuning.subgraph_budget_s": 5.0})
-    backend, first, _, _ = run_tuned(model, x, config, SimulatedCuda())
-    with torch.no_grad():
-        assert_close(first, model(x))
+    backend = tuned_on_simulator(model, x, config)
     (task,) = backend.tuner.report.tasks
     (outcome,) = task.outcomes
     assert outcome.measured["default"] > 1.5 * min(outcome.measured.values())  # a clear winner alone
