@@ -16,14 +16,19 @@ the index is written leaves at most an unreferenced folder, which the next write
 
 - the same kernel (same digests) already installed: kept, nothing is copied (installing a package twice is a no-op);
 - a newer build (its ``built`` time is later) replaces the older one, in the same index write;
-- an older build than the installed one is skipped.
+- an older build than the installed one is skipped;
+- a repair (``repairs``: a kernel built again because the files of its entry are damaged or gone,
+  :meth:`KernelLibrary.damage`) replaces that entry whatever its bytes or build time, as long as the index still
+  names the damaged package (a later repairer of the same entry changes nothing). The damaged files are not moved
+  or rewritten: they stay in their package's folder, unreferenced, and go with it.
 
 A package folder no kernel of the index points to any more is removed after the index is written; a reader that
 read the index before may then find the folder gone, which it treats as "not installed" (and reads the index
 again: :meth:`KernelLibrary.changed`).
 
 Claims make each kernel built once on a node: :meth:`claim` succeeds for the first process that asks (under the
-lock), unless the kernel is installed or a live process holds the claim. Imports no torch.
+lock), unless the kernel is installed or a live process holds the claim; asked to build a damaged entry again
+(``replacing``), unless another package has replaced that entry meanwhile. Imports no torch.
 """
 
 from __future__ import annotations
@@ -40,7 +45,15 @@ from typing import Any
 
 from airgraph.config import CompilerConfig
 from airgraph.kernels import package as pkg
-from airgraph.store import locked, read_json, replace_dir, staging_dir, write_json_atomic, write_text_atomic
+from airgraph.store import (
+    file_digest,
+    locked,
+    read_json,
+    replace_dir,
+    staging_dir,
+    write_json_atomic,
+    write_text_atomic,
+)
 
 __all__ = ["FORMAT", "VERSION", "InstallResult", "KernelLibrary", "library_path"]
 
@@ -118,6 +131,19 @@ class KernelLibrary:
     def kernels(self) -> dict[str, dict[str, Any]]:
         """Kernel id -> its index entry."""
         return self.read_index()["kernels"]
+
+    def damage(self, entry: dict[str, Any]) -> str | None:
+        """Why an index entry's files are not what was installed (one is gone, or differs from its sha256), or None
+        when they are intact. A file gone may also mean the entry was replaced since the index was read (its old
+        package collected): read the index again before calling that damage."""
+        folder = self.folder(entry)
+        for name, expected in entry["files"].items():
+            try:
+                if file_digest(folder / name) != expected["sha256"]:
+                    return f"its file {name} does not match its sha256 (corrupted or changed after install)"
+            except FileNotFoundError:
+                return f"its file {name} is missing (deleted after install)"
+        return None
 
     # -- installing ---------------------------------------------------------------------------------------
     def install(self, package_path: str | os.PathLike[str], *, repairs: dict[str, str] | None = None) -> InstallResult:

@@ -7,13 +7,14 @@
   implementation the rest of the seam would choose (the dynamic kernel, compiled only if a key needs it);
 - a shape observer (:meth:`observer`), told of each new input-shape key of each graph, captured or not, before
   the key first runs: it records every operator at the key's shapes (kernels/records.py) and, for each covered
-  segment whose kernel the library lacks, claims it on the node and builds it (kernels/build.py) with a progress
-  bar; the kernels built go into this process's package, which is then installed (kernels/library.py), so the
-  key's first run already uses them;
+  segment whose kernel the library lacks, or whose installed files are damaged or gone, claims it on the node and
+  builds it (kernels/build.py) with a progress bar; the kernels built go into this process's package, which is
+  then installed (kernels/library.py; a rebuilt kernel as a repair of its damaged entry), so the key's first run
+  already uses them;
 - the loader of installed kernels (:meth:`load`), which refuses, with one warning each, an entry built for
   another torch or airgraph version, CPU instruction set or CUDA architecture (kernels/machine.py), or whose
-  files do not match their digests; and loads nothing where loading a package crashed a probe's child process
-  (kernels/probe.py: the first load in an environment is a child's);
+  files are gone or do not match their digests; and loads nothing where loading a package crashed a probe's child
+  process (kernels/probe.py: the first load in an environment is a child's);
 - the warm start (:meth:`warm_start`, kernels/warm.py): asked by the backend before AOTAutograd whether the
   installed kernels can run a Dynamo graph as it is; the building process records which graphs can.
 
@@ -49,7 +50,6 @@ from airgraph.kernels.warm import WarmGraph, graph_record, restarted_floats, war
 from airgraph.lowering.keys import graph_key
 from airgraph.lowering.request import LowerRequest
 from airgraph.lowering.select import GraphRequest, Impl, choose
-from airgraph.store import file_digest
 
 if TYPE_CHECKING:
     from airgraph.graph.program import Segment
@@ -142,15 +142,8 @@ class StaticKernels:
 
     def damaged(self, graph_key: str) -> list[str]:
         """The installed kernels of a segment graph key whose files are damaged or gone (to build again)."""
-        found = []
-        for entry in self.entries(graph_key):
-            try:
-                damage = _damage(entry, self.library.folder(entry))
-            except FileNotFoundError:
-                damage = "missing"
-            if damage is not None:
-                found.append(pkg.kernel_id(entry["graph_key"], entry["shape_id"]))
-        return found
+        entries = self.entries(graph_key)
+        return [pkg.kernel_id(e["graph_key"], e["shape_id"]) for e in entries if self.library.damage(e) is not None]
 
     def graph_records(self) -> dict[str, dict]:
         """Dynamo graphs (warm-start keys) the library can warm-start -> how (kernels/warm.py's graph_record)."""
@@ -174,10 +167,9 @@ class StaticKernels:
         reason = mismatch(entry["build"], describe(device))
         folder = self.library.folder(entry)
         if reason is None:
-            try:
-                reason = _damage(entry, folder)
-            except FileNotFoundError:
-                return None  # removed or replaced since the index was read: not installed now
+            reason = self.library.damage(entry)
+            if reason is not None and self._entry(kid) != entry:  # replaced since read (its old package collected)
+                return self.load(graph_key, sid, device)
         if reason is None:  # no process is the first to load a package in an environment (kernels/probe.py)
             verdict = self.probes.check(folder / "kernel.pt2", entry["shape_key"], device, kid)
             if verdict.status == "crashed":  # the probe warned, once per process
@@ -253,10 +245,7 @@ class StaticKernels:
             return None
         entry = self._entry(job.kid)
         if entry is not None:  # installed: built again only when its files are damaged (as the loader refuses them)
-            try:
-                damage = _damage(entry, self.library.folder(entry))
-            except FileNotFoundError:
-                damage = "a file of it is missing"
+            damage = self.library.damage(entry)
             if damage is None:
                 return None
             if self.library.claim(job.kid, replacing=entry["package"]) != "claimed":
@@ -339,15 +328,6 @@ class StaticKernels:
             )
         )
         return 1
-
-
-def _damage(entry: dict[str, Any], folder: Path) -> str | None:
-    """Why an installed kernel's files are not what was installed (a digest differs), or None. FileNotFoundError
-    when one is gone."""
-    for name, expected in entry["files"].items():
-        if file_digest(folder / name) != expected["sha256"]:
-            return f"its file {name} does not match its sha256 (corrupted or changed after install)"
-    return None
 
 
 def _load_aoti(kid: str, path: Path, device: torch.device) -> LoadedKernel:

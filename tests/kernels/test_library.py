@@ -237,3 +237,152 @@ def test_claims_make_one_builder_per_kernel(tmp_path):
     library.install(make_package(tmp_path / "p.zip", {"g/a": "2026-01-01"}))
     assert library.claim("g/a") == "installed"
     assert not library.held_by_other("g/b")
+
+
+def _flip_middle_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def _rebuild(path: Path, original: Path, kid: str, built: str) -> Path:
+    """A package at ``path`` holding kernel ``kid`` with the very bytes of ``original`` (a deterministic rebuild)."""
+    graph, shape = kid.split("/")
+    files = {"kernel.pt2": original}
+    write_package(path, [KernelFiles(graph, [["float32", [2, 16], [16, 1]]], shape, files, {"built": built})], BUILD)
+    return path
+
+
+def test_a_damaged_entry_is_replaced_by_a_repair_even_with_the_same_bytes(tmp_path):
+    """A rebuild of a damaged kernel may give the very bytes installed (same digests, same build time): an ordinary
+    install keeps the damaged entry (it looks installed), a repair of that entry's package replaces it, once."""
+    library = KernelLibrary(tmp_path / "lib")
+    first = library.install(make_package(tmp_path / "p1.zip", {"g/a": "2026-01-01", "g/b": "2026-01-01"}))
+    entry = library.read_index()["kernels"]["g/a"]
+    assert library.damage(entry) is None
+    damaged = library.folder(entry) / "kernel.pt2"
+    _flip_middle_byte(damaged)
+    assert library.damage(entry) == "its file kernel.pt2 does not match its sha256 (corrupted or changed after install)"
+    assert library.damage(library.read_index()["kernels"]["g/b"]) is None
+    same = tmp_path / ".p1-g-a.bin"  # make_package's bytes of g/a
+
+    plain = library.install(_rebuild(tmp_path / "plain.zip", same, "g/a", "2026-01-01"))
+    assert plain.kept == ["g/a"] and library.read_index()["kernels"]["g/a"]["package"] == first.package
+
+    repair = library.install(
+        _rebuild(tmp_path / "repair.zip", same, "g/a", "2026-01-01"), repairs={"g/a": first.package}
+    )
+    assert repair.added == ["g/a"]
+    index = check_library(library)  # every indexed file intact, no folder outside the index
+    assert index["kernels"]["g/a"]["package"] == repair.package and index["kernels"]["g/b"]["package"] == first.package
+    assert library.damage(index["kernels"]["g/a"]) is None
+    # The damaged file stays where it was, unreferenced, for as long as its package serves another kernel.
+    assert damaged.read_bytes() != same.read_bytes() and damaged.stat().st_size == same.stat().st_size
+
+    # A repair of the old entry that comes late (another process repaired it first) changes nothing.
+    late = library.install(_rebuild(tmp_path / "late.zip", same, "g/a", "2026-01-01"), repairs={"g/a": first.package})
+    assert late.kept == ["g/a"] and check_library(library)["kernels"]["g/a"]["package"] == repair.package
+    library.remove(package=first.package)
+    assert not damaged.exists() and sorted(check_library(library)["kernels"]) == ["g/a"]
+
+
+def test_a_missing_file_is_damage(tmp_path):
+    library = KernelLibrary(tmp_path / "lib")
+    library.install(make_package(tmp_path / "p.zip", {"g/a": "2026-01-01"}))
+    entry = library.read_index()["kernels"]["g/a"]
+    (library.folder(entry) / "kernel.pt2").unlink()
+    assert library.damage(entry) == "its file kernel.pt2 is missing (deleted after install)"
+
+
+HOLD = """
+import sys
+from airgraph.kernels.library import KernelLibrary
+print(KernelLibrary(sys.argv[1]).claim(sys.argv[2], replacing=sys.argv[3]), flush=True)
+sys.stdin.readline()  # holds the claim until told
+"""
+
+
+def test_claims_to_build_a_damaged_entry_again(tmp_path):
+    import subprocess
+    import sys
+
+    library = KernelLibrary(tmp_path / "lib")
+    old = library.install(make_package(tmp_path / "p1.zip", {"g/a": "2026-01-01"})).package
+    assert library.claim("g/a") == "installed"  # intact or not, an ordinary claim finds it installed
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(library.root), "g/a", old],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "claimed"
+        assert library.claim("g/a", replacing=old) == "taken"  # a live process is building it again
+    finally:
+        holder.communicate("done\n", timeout=60)
+    assert library.claim("g/a", replacing=old) == "claimed"  # its holder exited without installing: stale claim
+    repaired = library.install(make_package(tmp_path / "p2.zip", {"g/a": "2026-01-01"}), repairs={"g/a": old})
+    library.release("g/a")
+    assert repaired.added == ["g/a"]
+    # A process that read the index before that repair (it found the old package's files damaged) asks too late.
+    assert library.claim("g/a", replacing=old) == "installed"
+    assert not (library.root / "claims" / "g-a.json").exists()
+
+
+REPAIR = """
+import sys, time
+from airgraph.kernels.library import KernelLibrary
+library = KernelLibrary(sys.argv[1])
+sys.stdin.readline()  # start together
+entry = library.read_index()["kernels"]["g/a"]
+if library.damage(entry) is None:
+    print("intact")
+    sys.exit()
+answer = library.claim("g/a", replacing=entry["package"])
+if answer == "claimed":
+    time.sleep(1.0)  # building
+    result = library.install(sys.argv[2], repairs={"g/a": entry["package"]})
+    library.release("g/a")
+    answer = "claimed " + result.package
+print(answer)
+"""
+
+
+def test_processes_finding_the_same_damaged_entry_build_it_again_once(tmp_path):
+    """Four processes find g/a's file damaged at once: one claims it and installs its rebuild; the others run on
+    (the claim is taken, or the entry was replaced meanwhile, or they read the repaired index); nothing torn."""
+    import subprocess
+    import sys
+
+    library = KernelLibrary(tmp_path / "lib")
+    library.install(make_package(tmp_path / "p.zip", {"g/a": "2026-01-01", "g/b": "2026-01-01"}))
+    before = library.read_index()
+    _flip_middle_byte(library.folder(before["kernels"]["g/a"]) / "kernel.pt2")
+    rebuilds = [make_package(tmp_path / f"r{i}.zip", {"g/a": "2026-01-01"}) for i in range(4)]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", REPAIR, str(library.root), str(r)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for r in rebuilds
+    ]
+    for proc in procs:
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+    outputs = [proc.communicate(timeout=120) for proc in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0, 0], [err for _, err in outputs]
+    answers = [out.strip() for out, _ in outputs]
+    claimed = [a.split()[1] for a in answers if a.startswith("claimed")]
+    assert len(claimed) == 1, answers
+    assert set(answers) - {f"claimed {claimed[0]}"} <= {"taken", "installed", "intact"}
+    index = check_library(library)
+    assert index["kernels"]["g/a"]["package"] == claimed[0]
+    assert index["kernels"]["g/b"] == before["kernels"]["g/b"]
+    assert not list(library.root.glob("claims/*.json")) and not list(library.root.glob("packages/.*"))

@@ -204,6 +204,26 @@ def test_a_kernel_built_elsewhere_or_corrupted_is_refused_once(built, tmp_path, 
         assert kernels.load(kernel["graph_key"], kernel["shape_id"], torch.device("cpu")) is None
 
 
+def _flip_middle_byte(path: Path) -> bytes:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+    return bytes(data)
+
+
+def _shipped_library(built, build_dir: Path) -> KernelLibrary:
+    """The session's package installed as a serving machine gets it: one package folder holding both kernels."""
+    library = KernelLibrary(build_dir / "static_kernel_library")
+    assert sorted(library.install(built.package).added) == sorted(library.read_index()["kernels"])
+    return library
+
+
+def _intact(library: KernelLibrary) -> dict:
+    index = library.read_index()
+    assert [kid for kid, e in index["kernels"].items() if library.damage(e) is not None] == []
+    return index
+
+
 @pytest.mark.slow
 def test_a_damaged_kernel_is_built_again_and_the_next_process_is_warm(built, tmp_path, inductor_compiles):
     """A byte flipped in the middle of the library's largest file: with building on, that kernel is built again
@@ -238,17 +258,35 @@ def test_a_damaged_kernel_is_built_again_and_the_next_process_is_warm(built, tmp
 
 
 @pytest.mark.slow
-def test_a_damaged_kernel_without_building_stays_refused_and_the_library_as_it_is(built, tmp_path):
-    library = library_copy(built, tmp_path)
-    (path, *_) = sorted(library.glob("packages/*/*/*/kernel.pt2"))
-    data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 0x01
-    path.write_bytes(bytes(data))
-    index = (library / "index.json").read_text()
-    backend = AirgraphBackend(static_config(tmp_path / "run", library_dir=str(library), build=False))
-    with pytest.warns(UserWarning, match="does not match its sha256"):
-        run_step(backend, BATCHES)
-    assert (library / "index.json").read_text() == index and path.read_bytes() == bytes(data)
+@pytest.mark.parametrize("damage", ["flip", "delete"])
+@pytest.mark.parametrize("build", [False], ids=["building-off"])
+def test_a_damaged_or_missing_kernel_file_is_refused_or_built_again(built, tmp_path, damage, build):
+    """Without building, a damaged or deleted file is refused with one warning, the results equal eager and the
+    library stays as it is; with building on, that kernel is built again (the file of the first shape run)."""
+    library = _shipped_library(built, tmp_path / "serving")
+    index = library.read_index()
+    kid = f"{built.kernel('[2]')['graph_key']}/{built.kernel('[2]')['shape_id']}"
+    path = library.folder(index["kernels"][kid]) / "kernel.pt2"
+    if damage == "flip":
+        _flip_middle_byte(path)
+        reason = "its file kernel.pt2 does not match its sha256"
+    else:
+        path.unlink()
+        reason = "its file kernel.pt2 is missing"
+    files = sorted((p, p.stat().st_mtime_ns) for p in library.root.glob("packages/**/*"))
+    backend = AirgraphBackend(static_config(tmp_path / "run", library_dir=str(library.root), build=build))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run_step(backend, BATCHES)  # equals eager
+    (about,) = [str(w.message) for w in caught if kid in str(w.message)]
+    assert reason in about
+    if build:
+        assert "building it again" in about
+        assert _intact(library)["kernels"][kid]["package"] != index["kernels"][kid]["package"]
+    else:
+        assert "not used" in about and "the segment runs its dynamic kernels" in about
+        assert library.read_index() == index
+        assert sorted((p, p.stat().st_mtime_ns) for p in library.root.glob("packages/**/*")) == files
 
 
 @pytest.mark.slow
