@@ -153,7 +153,10 @@ class StaticKernels:
         """Before AOTAutograd: the installed kernels themselves for a Dynamo graph they serve (kernels/warm.py)."""
         if self.current is not None:  # the previous graph never finished compiling: Dynamo restarted the frame
             self._abandoned = self.current[0]
-        return warm_start(self, gm, example_inputs)
+        warm = warm_start(self, gm, example_inputs)
+        if warm is not None:  # compiled (warm): not abandoned when the frame compiles again for another key
+            self.current = None
+        return warm
 
     def load(self, graph_key: str, sid: str, device: torch.device) -> LoadedKernel | None:
         """The installed kernel of (graph key, shape id) for ``device``, loaded; None when there is none that this

@@ -317,6 +317,25 @@ def test_a_key_missing_from_the_library_compiles_its_dynamic_kernel_then_only(bu
 
 
 @pytest.mark.slow
+def test_a_warm_process_that_builds_a_new_key_keeps_the_warm_start_records(built, tmp_path):
+    """Batch 2 and 3 run warm, batch 4 compiles the graph again and builds its kernel: the package installed records
+    the graph as it is (not as a frame Dynamo restarted, which made every later process trace it through
+    AOTAutograd), and a fresh process still warm-starts."""
+    build_dir = tmp_path / "serving"
+    library = _shipped_library(built, build_dir)
+    graphs = library.read_index()["graphs"]
+    backend = AirgraphBackend(static_config(tmp_path / "run", library_dir=str(library.root), build=True))
+    run_step(backend, (*BATCHES, 4))
+    assert [r.segments[0].source.get("warm_start") is not None for r in backend.reports] == [True, False]
+    index = _intact(library)
+    assert len(index["kernels"]) == 3 and index["graphs"] == graphs
+    done = run_python(FRESH, str(build_dir))
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (result["lowered"], result["traced"]) == (0, 0) and result["warm_start"]
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("device", ["cpu", "simulated-cuda"])
 def test_reduce_overhead_runs_static_kernels_captured_or_not(built, tmp_path, device, inductor_compiles):
     config = static_config(
