@@ -21,8 +21,10 @@ first output (benchmarks/static_kernels.py). Where the ATen graph is one static-
   backend returns a :class:`WarmGraph` that calls the kernels directly. It guards the compiled graph on the
   symbol values of the installed keys (a ShapeEnv guard, as Inductor's own specializations): a call with any
   other shapes makes Dynamo compile the graph again, and that compile takes the ordinary path (dynamic kernels,
-  records, builds). A kernel that cannot be loaded after all (removed since) runs the Dynamo graph eagerly, with
-  a warning.
+  records, builds). With building on, a key whose installed files are damaged or gone is left out of the guard
+  (and a graph whose current key it is is not warm-started), so that its shapes take the ordinary path, which
+  builds it again; the other keys stay warm. A kernel that cannot be loaded after all (refused, or removed since)
+  runs the Dynamo graph eagerly, with a warning.
 
 Not on CUDA (nor with a simulated CUDA runtime): there the ordinary path captures the kernels in a CUDA graph,
 which a warm graph would skip. A warm graph writes no shape records (its keys were recorded by the process that
@@ -55,10 +57,13 @@ class StaticKernels(Protocol):
 
     config: CompilerConfig
     current: tuple[str, int] | None
+    builds: bool
 
     def graph_records(self) -> dict[str, dict]: ...
 
     def entries(self, graph_key: str) -> list[dict[str, Any]]: ...
+
+    def damaged(self, graph_key: str) -> list[str]: ...
 
     def load(self, graph_key: str, sid: str, device: torch.device) -> LoadedKernel | None: ...
 
@@ -187,13 +192,16 @@ def warm_start(kernels: StaticKernels, gm: torch.fx.GraphModule, example_inputs:
         (str(v.dtype).removeprefix("torch."), *values[p]) if isinstance(v, torch.Tensor) else values[p]
         for p, v in zip(positions, inputs, strict=True)
     )
-    if kernels.load(segment_key, shape_id(concrete), torch.device("cpu")) is None:
+    damaged = set(kernels.damaged(segment_key)) if kernels.builds else set()
+    if pkg.kernel_id(segment_key, shape_id(concrete)) in damaged:  # the ordinary compile builds it again
         return None
-    if kernels.builds and kernels.damaged(segment_key):  # the ordinary compile builds the damaged kernels again
+    if kernels.load(segment_key, shape_id(concrete), torch.device("cpu")) is None:
         return None
     symbols = _symbols(inputs)
     choices = []  # per installed key of this graph: the value of each symbol
     for entry in kernels.entries(segment_key):
+        if pkg.kernel_id(entry["graph_key"], entry["shape_id"]) in damaged:
+            continue  # not guarded in: its shapes compile the ordinary way, which builds it again
         spec = entry["shape_key"]
         if len(spec) == len(concrete):
             choice = [spec[i][1][d] if d is not None else spec[i] for i, d, _ in symbols]

@@ -225,41 +225,59 @@ def _intact(library: KernelLibrary) -> dict:
 
 
 @pytest.mark.slow
-def test_a_damaged_kernel_is_built_again_and_the_next_process_is_warm(built, tmp_path, inductor_compiles):
-    """A byte flipped in the middle of the library's largest file: with building on, that kernel is built again
-    and installed (a new package, atomically, as any install; the damaged files go with the old package), the
-    results equal eager, and a later process loads every kernel with no warning and compiles nothing."""
-    library = library_copy(built, tmp_path)
-    largest = max((p for p in library.glob("packages/**/*") if p.is_file()), key=lambda p: p.stat().st_size)
-    data = bytearray(largest.read_bytes())
-    data[len(data) // 2] ^= 0x01
-    largest.write_bytes(bytes(data))
-    kernels = KernelLibrary(library)
-    index = kernels.read_index()
-    (damaged,) = [kid for kid, e in index["kernels"].items() if largest.is_relative_to(kernels.folder(e))]
-    backend = AirgraphBackend(static_config(tmp_path / "rebuild", library_dir=str(library), build=True))
-    with pytest.warns(UserWarning, match="does not match its sha256") as caught:
-        run_step(backend, BATCHES)
-    (rebuilding,) = [str(w.message) for w in caught if "building it again" in str(w.message)]
-    assert damaged in rebuilding
-    after = KernelLibrary(library).read_index()
-    assert after["kernels"][damaged]["package"] != index["kernels"][damaged]["package"]
-    assert {k: e["package"] for k, e in after["kernels"].items() if k != damaged} == {
-        k: e["package"] for k, e in index["kernels"].items() if k != damaged
+def test_a_damaged_kernel_is_built_again_and_the_next_process_is_warm(built, tmp_path):
+    """Issue #20: a byte flipped in the middle of the largest file of an installed library. With building on, that
+    kernel is built again and installed (a new package, atomically, as any install), the results equal eager, and
+    the next process, a fresh one, warm-starts on every kernel with no warning and compiles nothing."""
+    build_dir = tmp_path / "serving"
+    library = _shipped_library(built, build_dir)
+    index = library.read_index()
+    largest = max((p for p in library.root.glob("packages/**/*") if p.is_file()), key=lambda p: p.stat().st_size)
+    data = _flip_middle_byte(largest)
+    (damaged,) = [kid for kid, e in index["kernels"].items() if largest == library.folder(e) / "kernel.pt2"]
+
+    backend = AirgraphBackend(static_config(tmp_path / "rebuild", library_dir=str(library.root), build=True))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run_step(backend, BATCHES)  # equals eager
+    about = [str(w.message) for w in caught if damaged in str(w.message)]
+    assert len(about) == 1 and "does not match its sha256" in about[0] and "building it again" in about[0]
+    after = _intact(library)
+    assert after["kernels"][damaged]["package"] not in index["packages"]  # a new package answers it
+    assert {k: e for k, e in after["kernels"].items() if k != damaged} == {
+        k: e for k, e in index["kernels"].items() if k != damaged
     }
-    assert not largest.exists() or largest.read_bytes() != bytes(data)  # the damaged file is not served again
-    torch._dynamo.reset()
-    inductor_compiles.clear()
-    later = AirgraphBackend(static_config(tmp_path / "later", library_dir=str(library), build=False))
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        run_step(later, BATCHES)
-    assert inductor_compiles == []  # warm: every key from the library
+    assert largest.read_bytes() == data  # the damaged file stays where it was while its package serves the other key
+
+    done = run_python(FRESH, str(build_dir))  # warnings are errors there
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (result["lowered"], result["traced"], result["probes"]) == (0, 0, 0) and result["warm_start"]
+    assert result["static_keys"] == ["[2]", "[3]"] and result["dynamic_keys"] == [] and result["diff"] <= 1e-5
+
+
+@pytest.mark.slow
+def test_a_damaged_key_leaves_the_warm_start_to_its_other_keys(built, tmp_path, inductor_compiles):
+    """With building on, the warm start steps aside for the damaged key only: batch 2 runs warm, batch 3 (its file
+    damaged) compiles the graph the ordinary way, which builds its kernel again and runs it."""
+    library = _shipped_library(built, tmp_path / "serving")
+    kid = f"{built.kernel('[3]')['graph_key']}/{built.kernel('[3]')['shape_id']}"
+    _flip_middle_byte(library.folder(library.read_index()["kernels"][kid]) / "kernel.pt2")
+    backend = AirgraphBackend(static_config(tmp_path / "run", library_dir=str(library.root), build=True))
+    with pytest.warns(UserWarning, match="building it again") as caught:
+        run_step(backend, BATCHES)
+    about = [str(w.message) for w in caught if kid in str(w.message)]
+    assert len(about) == 1 and "building it again" in about[0]
+    warm, ordinary = (r.segments[0] for r in backend.reports)
+    assert warm.source.get("warm_start") and warm.source["static_keys"] == ["[2]"]
+    assert ordinary.source["static_keys"] == ["[3]"] and ordinary.source["dynamic_keys"] == []
+    assert len(inductor_compiles) == 1  # the rebuild (AOTInductor); no dynamic kernel
+    _intact(library)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("damage", ["flip", "delete"])
-@pytest.mark.parametrize("build", [False], ids=["building-off"])
+@pytest.mark.parametrize("build", [False, True], ids=["building-off", "building-on"])
 def test_a_damaged_or_missing_kernel_file_is_refused_or_built_again(built, tmp_path, damage, build):
     """Without building, a damaged or deleted file is refused with one warning, the results equal eager and the
     library stays as it is; with building on, that kernel is built again (the file of the first shape run)."""
