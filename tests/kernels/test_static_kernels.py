@@ -6,6 +6,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
+import time
 import warnings
 import zipfile
 from pathlib import Path
@@ -16,12 +19,15 @@ import torch
 import airgraph
 from airgraph.backend import AirgraphBackend
 from airgraph.compat import torchair as tng
+from airgraph.kernels.dispatch import RECHECK_SECONDS
 from airgraph.kernels.library import KernelLibrary
 from airgraph.kernels.static import StaticKernels
 from airgraph.runtime.simulated import SimulatedCuda
 from airgraph.store import file_digest
+from tests.helpers import assert_close
 from tests.kernels.conftest import BATCHES, run_python, run_step, static_config
 from tests.kernels.models import Step, inputs
+from tests.kernels.test_library import HOLD
 
 
 @pytest.fixture
@@ -273,6 +279,42 @@ def test_a_damaged_key_leaves_the_warm_start_to_its_other_keys(built, tmp_path, 
     assert ordinary.source["static_keys"] == ["[3]"] and ordinary.source["dynamic_keys"] == []
     assert len(inductor_compiles) == 1  # the rebuild (AOTInductor); no dynamic kernel
     _intact(library)
+
+
+@pytest.mark.slow
+def test_a_process_finding_a_damaged_kernel_rebuilt_elsewhere_waits_then_switches(built, tmp_path):
+    """Two processes find the same kernel damaged: the one that does not hold the claim builds nothing, leaves the
+    library alone and runs the dynamic kernel, then switches to the repaired kernel once the other installed it."""
+    library = _shipped_library(built, tmp_path / "serving")
+    index = library.read_index()
+    kid = f"{built.kernel('[2]')['graph_key']}/{built.kernel('[2]')['shape_id']}"
+    old = index["kernels"][kid]["package"]
+    _flip_middle_byte(library.folder(index["kernels"][kid]) / "kernel.pt2")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    command = [sys.executable, "-c", HOLD, str(library.root), kid, old]
+    holder = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert holder.stdout.readline().strip() == "claimed"  # the other process, building it again
+        backend = AirgraphBackend(static_config(tmp_path / "run", library_dir=str(library.root), build=True))
+        model, reference = Step(), Step()
+        compiled = torch.compile(model, backend=backend, dynamic=True, fullgraph=True)
+        tokens, pos = inputs(2)
+        with torch.no_grad(), pytest.warns(UserWarning, match="not used: its file kernel.pt2 does not match") as caught:
+            assert_close(compiled(tokens, pos), reference(tokens, pos))
+        assert not [w for w in caught if "building it again" in str(w.message)]
+        assert backend.reports[-1].segments[0].source["dynamic_keys"] == ["[2]"]
+        assert library.read_index() == index  # this process built and installed nothing
+        repair = shutil.copy(built.package, tmp_path / "static_kernel_elsewhere.zip")  # what the other one built
+        assert library.install(repair, repairs={kid: old}).added == [kid]
+    finally:
+        holder.communicate("done\n", timeout=60)
+    time.sleep(RECHECK_SECONDS)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert_close(compiled(tokens, pos), reference(tokens, pos))
+    assert_close(model.cache, reference.cache)
+    source = backend.reports[-1].segments[0].source
+    assert (source["static_keys"], source["dynamic_keys"]) == (["[2]"], [])
 
 
 @pytest.mark.slow
