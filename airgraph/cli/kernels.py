@@ -15,7 +15,7 @@ import argparse
 import datetime
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich import box
 from rich.console import Console
@@ -24,6 +24,9 @@ from rich.text import Text
 
 from airgraph.cli.common import CliError
 from airgraph.config import CompilerConfig
+
+if TYPE_CHECKING:
+    from airgraph.kernels.library import KernelLibrary
 
 __all__ = ["add_parsers"]
 
@@ -103,7 +106,7 @@ def cmd_list(args: argparse.Namespace, console: Console) -> int:
     if not kernels:
         console.print(f"no kernels installed in {library.root}", highlight=False)
         return 0
-    reasons = _check(kernels) if args.check else {}
+    reasons = _check(library, kernels) if args.check else {}
     table = Table(title=f"static kernels in {library.root}", title_justify="left", box=box.SIMPLE_HEAD)
     for header in ("graph", "shapes", "ops", "device", "torch", "size", "built", "package"):
         table.add_column(header, justify="right" if header in ("ops", "size") else "left")
@@ -146,7 +149,7 @@ def cmd_remove(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def _check(kernels: list[dict[str, Any]]) -> dict[str, str | None]:
+def _check(library: KernelLibrary, kernels: list[dict[str, Any]]) -> dict[str, str | None]:
     import torch
 
     from airgraph.kernels.machine import describe, mismatch
@@ -158,7 +161,7 @@ def _check(kernels: list[dict[str, Any]]) -> dict[str, str | None]:
     for e in kernels:
         kind = e["build"].get("device", {}).get("type")
         reason = mismatch(e["build"], here[kind]) if kind in here else f"no {kind} device here"
-        reasons[f"{e['graph_key']}/{e['shape_id']}"] = reason
+        reasons[f"{e['graph_key']}/{e['shape_id']}"] = reason or library.damage(e)
     return reasons
 
 

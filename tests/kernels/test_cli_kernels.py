@@ -79,3 +79,12 @@ def test_list_check_says_whether_this_machine_runs_each_kernel(built, tmp_path, 
     assert main(["kernels", "list", library, "--check"]) == 1
     out = capsys.readouterr().out
     assert out.count("yes") == 2 and "g9/a does not run here: built for CPU machine None" in out
+    kid = f"{built.kernel('[3]')['graph_key']}/{built.kernel('[3]')['shape_id']}"
+    kernels = KernelLibrary(library)
+    path = kernels.folder(kernels.read_index()["kernels"][kid]) / "kernel.pt2"
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01  # a byte of an installed kernel changes on disk
+    path.write_bytes(bytes(data))
+    assert main(["kernels", "list", library, "--check"]) == 1
+    out = capsys.readouterr().out
+    assert out.count("yes") == 1 and f"{kid} does not run here: its file kernel.pt2 does not match its sha256" in out
