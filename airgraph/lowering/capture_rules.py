@@ -3,9 +3,12 @@
 A CUDA graph records device work only. An op that synchronises with the host (it reads a device value on the
 host, or sizes its output from the data) fails while recording and invalidates the capture; an op whose host
 side decides per call what work runs is recorded with the decision of the recording. The rule is torch
-Inductor's own, ``torch._inductor.utils.is_cudagraph_unsafe_fx_node`` (the same in torch 2.11 to 2.13: ops
+Inductor's own, ``torch._inductor.utils.is_cudagraph_unsafe_fx_node`` (the same in torch 2.11 to 2.15: ops
 tagged ``cudagraph_unsafe``, ``index_put`` with a boolean mask, sparse outputs, ``FORBIDDEN_CUDAGRAPH_OPS``),
 or, where it cannot be imported, :func:`_torch_rule_fallback`, which reads the same way. airgraph extends it:
+
+- the forbidden ops are Inductor's list and :data:`FORBIDDEN_OPS` together, so that every supported torch refuses
+  the same ops: torch 2.15 added ``aten._linalg_eigh`` (cuSOLVER's eigh cannot be recorded, in any torch);
 
 - ``FORBIDDEN_CUDAGRAPH_OPS`` names some ops by their overload packet (``aten._local_scalar_dense``), which
   Inductor compares with ``str(node.target)``, the overload's name (``aten._local_scalar_dense.default``): the
@@ -32,7 +35,8 @@ __all__ = ["CONTROL_FLOW", "FORBIDDEN_OPS", "host_sync_reason", "torch_rule"]
 
 aten = torch.ops.aten
 
-# torch._inductor.utils.FORBIDDEN_CUDAGRAPH_OPS (torch 2.11 to 2.13; ROCm adds topk), for the fallback rule.
+# torch._inductor.utils.FORBIDDEN_CUDAGRAPH_OPS as of torch 2.15 (ROCm adds topk): the fallback rule's list, and
+# added to Inductor's own where that is older (torch 2.11 to 2.14 lack _linalg_eigh).
 FORBIDDEN_OPS = frozenset(
     {
         "aten._fused_moving_avg_obs_fq_helper.default",
@@ -42,6 +46,7 @@ FORBIDDEN_OPS = frozenset(
         "run_and_save_rng_state",
         "run_with_rng_state",
         "aten._local_scalar_dense",
+        "aten._linalg_eigh.default",
         "aten._assert_scalar",
     }
 )
@@ -61,7 +66,7 @@ def torch_rule() -> tuple[Callable[[torch.fx.Node], bool], frozenset[str]]:
         except ImportError:
             _rule, _forbidden = _torch_rule_fallback, FORBIDDEN_OPS
         else:
-            _rule, _forbidden = is_cudagraph_unsafe_fx_node, frozenset(FORBIDDEN_CUDAGRAPH_OPS)
+            _rule, _forbidden = is_cudagraph_unsafe_fx_node, frozenset(FORBIDDEN_CUDAGRAPH_OPS) | FORBIDDEN_OPS
     return _rule, _forbidden
 
 
@@ -114,14 +119,14 @@ def host_sync_reason(node: torch.fx.Node, static_symbols: Callable[[], set]) -> 
     if device is not None and device.type == "cpu" and any(t.device.type != "cpu" for t in sources):
         return f"{label} copies a device value to the host (a host sync)"
     rule, forbidden = torch_rule()
-    if rule(node) or str(target.overloadpacket) in forbidden:
+    if rule(node) or str(target) in forbidden or str(target.overloadpacket) in forbidden:
         if torch.Tag.cudagraph_unsafe in target.tags:
             return f"{label} is tagged cudagraph_unsafe (its author says a CUDA graph cannot record it)"
         if _bool_index_put(node):
             return f"{label} indexes with a boolean mask (it calls nonzero: a host sync)"
         if any(t.is_sparse for t in tensors(node.meta.get("val"))):
             return f"{label} has a sparse output (its size is known on the host only)"
-        return f"{label} is among the ops torch's Inductor never records in a CUDA graph"
+        return f"{label} is among the ops torch's Inductor never records in a CUDA graph (FORBIDDEN_CUDAGRAPH_OPS)"
     return None
 
 

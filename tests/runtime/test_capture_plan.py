@@ -36,6 +36,8 @@ TORCH_RULE = {  # what Inductor's rule (or its fallback) refuses, and how the re
     "cudagraph_unsafe op": (lambda x: unsafe_double(x) + 1, "is tagged cudagraph_unsafe"),
     "boolean index_put": (_masked_zero, "indexes with a boolean mask"),
     "sparse output": (lambda x: x.to_sparse() * 2, "has a sparse output"),
+    # in Inductor's list from torch 2.15 on; refused with every torch (capture_rules.FORBIDDEN_OPS)
+    "cuSOLVER eigh": (lambda x: torch.linalg.eigh(x @ x.mT)[0], "aten._linalg_eigh.default is among the ops"),
 }
 
 
