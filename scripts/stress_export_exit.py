@@ -259,40 +259,57 @@ def main(argv: list[str] | None = None) -> int:
     burners = start_burners(args.burners)
     records: list[dict[str, Any]] = []
     start = time.perf_counter()
+    env_info = environment()
+
+    def result(complete: bool) -> dict[str, Any]:
+        counts = Counter(r["kind"] for r in records)
+        walls = sorted(r["wall_s"] for r in records)
+        loads = [r["loadavg_1min"] for r in records]
+        return {
+            "benchmark": "stress_export_exit",
+            "what": "the seed's multi-card dynamo_export example (two spawned ranks, gloo), one process per run",
+            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "complete": complete,
+            "runs": len(records),
+            "load": {
+                "cpu_burners": args.burners,
+                "env": args.env,
+                "loadavg_1min_at_runs": {"min": min(loads), "max": max(loads)} if loads else None,
+            },
+            "harness": {"timeout_s": args.timeout, "on_timeout": args.on_timeout, "grace_s": args.grace},
+            "destroy_process_group": args.destroy,
+            "counts": dict(counts),
+            "clean": counts.get("clean", 0),
+            "wall_s": {"min": walls[0], "median": walls[len(walls) // 2], "max": walls[-1]} if walls else None,
+            "total_s": round(time.perf_counter() - start, 1),
+            "environment": env_info,
+            "failures": [r for r in records if r["kind"] != "clean"],
+        }
+
+    def save(complete: bool) -> None:
+        if args.output:
+            Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.output).write_text(json.dumps(result(complete), indent=2) + "\n")
+
     try:
         for index in range(args.runs):
+            load = os.getloadavg()[0]
             record = one_run(index, base, args)
+            record["loadavg_1min"] = round(load, 2)
             records.append(record)
-            print(f"run {index}: {record['kind']} ({record['wall_s']} s)", flush=True)
+            print(f"run {index}: {record['kind']} ({record['wall_s']} s, load {load:.1f})", flush=True)
             if record["kind"] != "clean":
                 print(record.get("stderr_tail", "")[-1500:], flush=True)
+            save(complete=False)  # a harness stopped early leaves the runs done so far
             failures = sum(r["kind"] != "clean" for r in records)
             if args.stop_after_failures and failures >= args.stop_after_failures:
                 break
     finally:
         stop(burners)
         shutil.rmtree(base, ignore_errors=True)
+    save(complete=True)
     counts = Counter(r["kind"] for r in records)
-    walls = sorted(r["wall_s"] for r in records)
-    result = {
-        "benchmark": "stress_export_exit",
-        "what": "the seed's multi-card dynamo_export example (two spawned ranks, gloo), one process per run",
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "runs": len(records),
-        "load": {"cpu_burners": args.burners, "env": args.env, "loadavg_1min_at_end": os.getloadavg()[0]},
-        "harness": {"timeout_s": args.timeout, "on_timeout": args.on_timeout, "grace_s": args.grace},
-        "destroy_process_group": args.destroy,
-        "counts": dict(counts),
-        "clean": counts.get("clean", 0),
-        "wall_s": {"min": walls[0], "median": walls[len(walls) // 2], "max": walls[-1]} if walls else None,
-        "total_s": round(time.perf_counter() - start, 1),
-        "environment": environment(),
-        "failures": [r for r in records if r["kind"] != "clean"],
-    }
     print(f"{len(records)} runs, {args.burners} burners: {dict(counts)}")
-    if args.output:
-        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.output).write_text(json.dumps(result, indent=2) + "\n")
     return 0 if counts.get("clean", 0) == len(records) else 1
 
 
