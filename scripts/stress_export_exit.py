@@ -10,12 +10,28 @@ signatures below and it wrote every file of the seed's export. Besides the exit,
 processes of the run still alive once the script exited (anything whose working directory is the run's
 folder) and output written after the exit: a run that looks clean with either is counted apart.
 
-Load: ``--burners K`` processes spinning on the CPU (``while True: pass``) beside the runs.
+Load: ``--burners K`` processes spinning on the CPU beside the runs.
 
-    python scripts/stress_export_exit.py --runs 50 --burners 2 --output benchmarks/results/export_exit_cpu.json
+    python scripts/stress_export_exit.py --runs 50 --burners 1 --output benchmarks/results/export_exit_cpu.json
 
-Prints one line per run, then the counts by kind; ``--output`` writes them as JSON with the machine, the
-versions and the commit. ``--keep-failed DIR`` keeps the folder and logs of each run that was not clean.
+Prints one line per run, then the counts by kind; ``--output`` writes them as JSON (after every run, with
+``complete`` false until the last) with the machine, the versions and the commit. ``--keep-failed DIR`` keeps
+the stderr of each run that was not clean.
+
+Issue #20's death, "Intel oneMKL FATAL ERROR: Cannot load .../torch/lib/libtorch_cpu.so" and exit code 2, is
+not made at exit: the MKL loader linked into libtorch_cpu.so calls getcwd() in a constructor that runs when
+torch is imported and exits so when it fails, that is when the process's working folder was removed
+(tests/export/test_export_exit.py). A rank of the seed's script imports torch in the run's folder right after
+``torch.multiprocessing.spawn`` started it, and arms its parent-death signal only afterwards; a harness that
+removes a run's folder before every process of the run is gone (``subprocess.run(timeout=...)`` in a
+``TemporaryDirectory`` kills the script alone and leaves its ranks) can have a rank die so. This script runs
+each run as a session of its own, kills the whole session on a timeout and removes the folder only once no
+process works in it. Two ways to see the death on purpose:
+
+- ``--remove-at-rank-start 1``: remove the folder one second after the first rank started (fault injection);
+- ``--on-timeout parent --timeout T``: the naive harness above; it leaves the ranks running in a removed
+  folder, which die so only when T lands in their import (with T = 17 s and 25 s on 2 busy cores, 8 runs:
+  the ranks were past it, in the TCPStore rendezvous).
 """
 
 from __future__ import annotations
@@ -33,6 +49,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -100,7 +117,8 @@ def free_port() -> int:
 
 
 def start_burners(count: int) -> list[subprocess.Popen]:
-    code = "while True: pass"
+    # spins until its harness is gone, whatever ended the harness
+    code = "import os\nparent = os.getppid()\nwhile os.getppid() == parent:\n    for _ in range(10**6): pass"
     return [subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL) for _ in range(count)]
 
 
@@ -134,6 +152,18 @@ def wait_for_processes(folder: Path, grace: float) -> list[dict[str, Any]]:
     while (left := processes_in(folder)) and time.monotonic() < deadline:
         time.sleep(0.1)
     return left
+
+
+def remove_at_rank_start(folder: Path, proc: subprocess.Popen, delay: float) -> None:
+    """Fault injection (``--remove-at-rank-start``): once a rank of the run has started (a process of
+    ``multiprocessing.spawn`` working in the folder), wait ``delay`` seconds, then remove the run's folder,
+    as a harness or a cleaner that removes the folder of a run still in progress does."""
+    while proc.poll() is None:
+        if any("spawn_main" in p["cmdline"] for p in processes_in(folder)):
+            time.sleep(delay)
+            shutil.rmtree(folder, ignore_errors=True)
+            return
+        time.sleep(0.05)
 
 
 def kill_group(pgid: int) -> None:
@@ -176,6 +206,8 @@ def one_run(index: int, base: Path, args: argparse.Namespace) -> dict[str, Any]:
         proc = subprocess.Popen(
             [sys.executable, "example.py"], cwd=folder, env=env, stdout=fo, stderr=fe, start_new_session=True
         )
+        if args.remove_at_rank_start is not None:
+            threading.Thread(target=remove_at_rank_start, args=(folder, proc, args.remove_at_rank_start)).start()
         try:
             rc = proc.wait(timeout=args.timeout)
         except subprocess.TimeoutExpired:
@@ -245,6 +277,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--on-timeout", choices=["group", "parent"], default="group", help="see one_run")
     parser.add_argument("--grace", type=float, default=10.0, help="seconds for a run's processes to end")
     parser.add_argument("--linger", type=float, default=2.0, help="seconds to watch for output after the run")
+    parser.add_argument(
+        "--remove-at-rank-start",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="fault injection: remove a run's folder this long after its first rank started",
+    )
     parser.add_argument("--base", default=None, help="folder for the runs' folders (default: the temp dir)")
     parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="for the runs")
     parser.add_argument("--keep-failed", default=None, metavar="DIR")
@@ -276,7 +315,12 @@ def main(argv: list[str] | None = None) -> int:
                 "env": args.env,
                 "loadavg_1min_at_runs": {"min": min(loads), "max": max(loads)} if loads else None,
             },
-            "harness": {"timeout_s": args.timeout, "on_timeout": args.on_timeout, "grace_s": args.grace},
+            "harness": {
+                "timeout_s": args.timeout,
+                "on_timeout": args.on_timeout,
+                "grace_s": args.grace,
+                "remove_at_rank_start_s": args.remove_at_rank_start,
+            },
             "destroy_process_group": args.destroy,
             "counts": dict(counts),
             "clean": counts.get("clean", 0),
