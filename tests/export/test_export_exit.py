@@ -12,6 +12,8 @@ thread is left, nor tqdm's monitor thread.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -102,3 +104,39 @@ def test_export_leaves_no_dynamo_globals_or_monitor_thread(tmp_path):
         added = set(scope) - before
         assert any(name.startswith("__compiled_fn") for name in added), added
     assert set(scope) == before
+
+
+_TORCH_IN = """
+import os, sys
+when = sys.argv[1]
+if when == "before import":
+    os.rmdir(os.getcwd())
+import torch
+if when == "after import":
+    os.rmdir(os.getcwd())
+a = torch.randn(64, 64)
+torch.linalg.inv(a @ a.T + 64 * torch.eye(64))  # MKL's first LAPACK call, then the interpreter's exit
+"""
+
+
+@pytest.mark.skipif(
+    not (sys.platform.startswith("linux") and torch.backends.mkl.is_available()), reason="torch with MKL on Linux"
+)
+@pytest.mark.parametrize("when", ["never", "after import", "before import"])
+def test_mkl_fatal_error_is_a_torch_import_in_a_removed_folder(tmp_path, when):
+    """Issue #20: "Intel oneMKL FATAL ERROR: Cannot load .../torch/lib/libtorch_cpu.so" (exit 2) is printed by
+    the MKL loader linked into libtorch_cpu.so, in a constructor that runs when torch is imported and calls
+    getcwd(): it fails when the process's working folder was removed. A process whose folder goes after it
+    imported torch makes its first MKL calls and exits cleanly. So a seed run that dies so had a process start
+    (a rank spawned by torch.multiprocessing) in a folder removed under it; scripts/stress_export_exit.py
+    removes a run's folder only once none of the run's processes works in it."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    done = subprocess.run(
+        [sys.executable, "-c", _TORCH_IN, when], cwd=folder, capture_output=True, text=True, timeout=300
+    )
+    if when == "before import":
+        assert done.returncode == 2, done.stderr
+        assert "Intel oneMKL FATAL ERROR: Cannot load" in done.stderr and "libtorch_cpu.so" in done.stderr
+    else:
+        assert (done.returncode, done.stderr) == (0, "")
