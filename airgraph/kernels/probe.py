@@ -113,7 +113,7 @@ class Verdict:
 
 def _command(kernel: Path, device: torch.device, shape_key: list) -> list[str]:
     """The child's command line: this module as a program, run by this Python."""
-    return [sys.executable, "-m", "airgraph.kernels.probe", str(kernel), str(device), json.dumps(shape_key)]
+    return [sys.executable, "-m", "airgraph.kernels.probe", str(kernel.resolve()), str(device), json.dumps(shape_key)]
 
 
 def _launch(command: list[str], timeout: float) -> tuple[int | None, str, str]:
@@ -121,7 +121,10 @@ def _launch(command: list[str], timeout: float) -> tuple[int | None, str, str]:
     root = str(Path(__file__).resolve().parents[2])  # this airgraph, importable in the child
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
+        # In the kernel's folder, not the caller's: torch's import exits the child (code 2, "oneMKL FATAL ERROR:
+        # Cannot load libtorch_cpu.so") when its working folder is gone, which would refuse a sound kernel.
+        cwd = Path(command[3]).parent
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
     except subprocess.TimeoutExpired as exc:
         out, err = (v.decode(errors="replace") if isinstance(v, bytes) else v or "" for v in (exc.stdout, exc.stderr))
         return None, out, err

@@ -116,6 +116,10 @@ def test_the_child_loads_and_runs_the_real_package_and_later_processes_trust_it(
 
     (library / probe.FILE).unlink()  # deleted: the next process probes again, with the real child
     forget(monkeypatch)
+    gone = tmp_path / "gone"  # from a working folder removed meanwhile (torch's import in it would exit 2)
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
     kernels = StaticKernels(static_config(tmp_path, library_dir=str(library), build=False))
     assert kernels.load(kernel["graph_key"], kernel["shape_id"], CPU) is not None
     assert len(launches) == 1 and launches[0][1:3] == ["-m", "airgraph.kernels.probe"]
