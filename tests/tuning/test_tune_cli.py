@@ -7,6 +7,7 @@ import json
 import pytest
 
 from airgraph import cli
+from airgraph.tuning import measure
 from airgraph.tuning.bank import BankFile
 from tests.tuning.seed_format import validate
 
@@ -27,7 +28,10 @@ def example(tmp_path):
     return path
 
 
-def test_tune_prints_what_changed_and_the_bank_lists_it(tmp_path, example, capsys):
+def test_tune_prints_what_changed_and_the_bank_lists_it(tmp_path, example, capsys, monkeypatch):
+    # Real CPU timings: on a busy machine a unit may be inconclusive and leave no bank record (measure.NOISY);
+    # this test is about what the CLI prints and lists, so every measurement counts as a verdict.
+    monkeypatch.setattr(measure, "NOISY", float("inf"))
     bank, work = tmp_path / "bank", tmp_path / "work"
     args = ["tune", str(example), "--mode", "2", "--bank", str(bank), "--work-path", str(work)]
     assert cli.main([*args, "--kernel-backend", "aten", "--budget", "0.01", "--no-progress"]) == 0
