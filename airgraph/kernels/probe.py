@@ -45,6 +45,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import warnings
 import zipfile
@@ -121,9 +122,9 @@ def _launch(command: list[str], timeout: float) -> tuple[int | None, str, str]:
     root = str(Path(__file__).resolve().parents[2])  # this airgraph, importable in the child
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
     try:
-        # In the kernel's folder, not the caller's: torch's import exits the child (code 2, "oneMKL FATAL ERROR:
+        # In the temporary folder, not the caller's: torch's import exits the child (code 2, "oneMKL FATAL ERROR:
         # Cannot load libtorch_cpu.so") when its working folder is gone, which would refuse a sound kernel.
-        cwd = Path(command[3]).parent
+        cwd = tempfile.gettempdir()
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
     except subprocess.TimeoutExpired as exc:
         out, err = (v.decode(errors="replace") if isinstance(v, bytes) else v or "" for v in (exc.stdout, exc.stderr))
