@@ -7,10 +7,13 @@ import os
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 
 from airgraph.backend import AirgraphBackend
 from airgraph.config import CompilerConfig
-from airgraph.tuning.report import TuneReport
+from airgraph.runtime.device import DeviceRuntime, runtime_for
+from airgraph.tuning.measure import decide
+from airgraph.tuning.report import CallTiming, TuneReport
 from airgraph.tuning.tuner import Progress
 
 __all__ = ["tune"]
@@ -26,6 +29,7 @@ def tune(
     repeat: bool = False,
     config: CompilerConfig | None = None,
     progress: Progress | None = None,
+    runtime: DeviceRuntime | None = None,
     **kwargs: Any,
 ) -> TuneReport:
     """Tune ``model`` (a module or function) for ``example_inputs`` (and ``kwargs``) and return the report.
@@ -36,7 +40,13 @@ def tune(
     the bank (``bank_dir``, default ``config.tuning.bank_dir`` or the user cache), and writes the seed-format report
     into ``work_path`` (default the working directory). ``mode``: "op" (AOE's OPAT, also "2") or "subgraph" (SGAT,
     "1"); ``ops``: only these op types or node names; ``repeat``: re-tune what the bank already has.
-    ``progress(event, **info)`` is told of each unit and candidate (the CLI's progress bar).
+    ``progress(event, **info)`` is told of each unit and candidate (the CLI's progress bar). ``runtime`` (tests):
+    the device runtime to compile and time with (``airgraph.runtime.simulated.SimulatedCuda``).
+
+    When the run measured anything, the whole call is timed afterwards (``report.call``): the model compiled
+    without the bank and the tuned one, called as the next run calls them (Dynamo's guards, AOTAutograd's wrapper
+    and eager code between graphs included), interleaved; the tensors a call writes (a KV cache, the inputs) are
+    put back as the tuning call left them.
     """
     config = copy.deepcopy(config) if config is not None else CompilerConfig()
     if not isinstance(config, CompilerConfig):
@@ -51,11 +61,68 @@ def tune(
     if ops is not None:
         config.tuning.ops = ops
     config.tuning.repeat = repeat
-    backend = AirgraphBackend(config)
+    backend = AirgraphBackend(config, runtime=runtime)
     assert backend.tuner is not None
     backend.tuner.name = getattr(type(model), "__name__", "model") if isinstance(model, torch.nn.Module) else "model"
     backend.tuner.progress = progress
     compiled = torch.compile(model, backend=backend)
+    state = _State(model, example_inputs, kwargs)
     with torch.no_grad():
         compiled(*example_inputs, **kwargs)
-    return backend.tuner.report
+    report = backend.tuner.report
+    if not backend.reports:
+        report.call_note = "no graph was compiled"
+    elif not report.measured:
+        report.call_note = "nothing was measured: every unit came from the bank (see the run that measured it)"
+    else:
+        written = state.written()
+        try:
+            device = torch.device(backend.reports[0].device)
+            report.call = _time_calls(model, config, runtime_for(device, runtime), compiled, example_inputs, kwargs)
+        finally:
+            written.restore()
+    report.write()
+    return report
+
+
+def _time_calls(
+    model: Any, config: CompilerConfig, runtime: DeviceRuntime, tuned: Any, inputs: tuple, kwargs: dict
+) -> CallTiming:
+    """The whole call of ``model`` compiled without the bank and of ``tuned``, timed side by side (measure.decide:
+    measured again while noisy)."""
+    untuned_config = copy.deepcopy(config)
+    untuned_config.tuning.mode, untuned_config.tuning.use_bank = None, False
+    untuned = torch.compile(model, backend=AirgraphBackend(untuned_config, runtime=runtime))
+    with torch.no_grad():
+        untuned(*inputs, **kwargs)  # compiles
+        calls = {"default": lambda _: untuned(*inputs, **kwargs), "tuned": lambda _: tuned(*inputs, **kwargs)}
+        timings = decide(calls, [], runtime).timings
+    before, after = timings["default"], timings["tuned"]
+    return CallTiming(before.median * 1e6, after.median * 1e6, max(before.spread, after.spread), len(before.rounds))
+
+
+class _State:
+    """The tensors a call may write (the inputs', the module's parameters and buffers), by their versions: what a
+    call changed is copied, and put back after timing calls (:meth:`written`)."""
+
+    def __init__(self, model: Any, inputs: tuple, kwargs: dict) -> None:
+        tensors = [t for t in pytree.tree_leaves((inputs, kwargs)) if isinstance(t, torch.Tensor)]
+        if isinstance(model, torch.nn.Module):
+            tensors += [*model.parameters(), *model.buffers()]
+        unique = {id(t): t for t in tensors}
+        self._versions = {key: (t, t._version) for key, t in unique.items()}
+
+    def written(self) -> _Saved:
+        """Copies of the tensors written since this was made."""
+        return _Saved([t for t, version in self._versions.values() if t._version != version])
+
+
+class _Saved:
+    def __init__(self, tensors: list[torch.Tensor]) -> None:
+        with torch.no_grad():
+            self._copies = [(t, t.detach().clone()) for t in tensors]
+
+    def restore(self) -> None:
+        with torch.no_grad():
+            for t, copy_ in self._copies:
+                t.copy_(copy_)

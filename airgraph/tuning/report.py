@@ -13,6 +13,12 @@ subgraph tuning failed. What the seed's format has no field for is on :class:`Tu
 (rewritten with it): per task and unit, every candidate that was measured (median, run-to-run spread, rounds) or
 dropped (why: failed to compile, failed its check, time budget spent), the unit's status and note (an
 inconclusive measurement says so), stale bank entries and the whole graph's time before and after.
+
+A graph's time (the executor that tuning changes) is not what a call of the model costs: Dynamo's guards,
+AOTAutograd's wrapper and any eager code between graphs come on top, the same before and after, so a gain of the
+graph alone overstates the gain of a call (a decode step's graph of 180 us sat in a call of 330 us). ``airgraph.tune``
+therefore also times **the whole call** (:class:`CallTiming`: the model compiled without the bank and with it, called
+as the next run calls it, interleaved); it heads ``str(report)`` and the candidates file's ``"model_call"``.
 """
 
 from __future__ import annotations
@@ -27,7 +33,16 @@ from typing import Any
 
 from airgraph.store import write_text_atomic
 
-__all__ = ["BASIC_FIELDS", "OPAT_FIELDS", "SGAT_FIELDS", "SUMMARY_FIELDS", "TuneReport", "TuneTask", "timestamp"]
+__all__ = [
+    "BASIC_FIELDS",
+    "OPAT_FIELDS",
+    "SGAT_FIELDS",
+    "SUMMARY_FIELDS",
+    "CallTiming",
+    "TuneReport",
+    "TuneTask",
+    "timestamp",
+]
 
 BASIC_FIELDS = ("tuning_name", "tuning_time(s)")
 SUMMARY_FIELDS = (
@@ -72,6 +87,31 @@ def _times(before: float, after: float, unit: str, digits: int) -> dict[str, Any
         f"performance_before_tune({unit})": before,
         "performance_improvement": improvement(before, after),
     }
+
+
+@dataclass
+class CallTiming:
+    """The whole model call untuned and tuned, each the median of interleaved rounds (microseconds); ``spread``:
+    the larger run-to-run spread of the two (relative interquartile range)."""
+
+    untuned_us: float
+    tuned_us: float
+    spread: float
+    rounds: int
+
+    @property
+    def ratio(self) -> float:
+        """tuned / untuned: what the next run gets."""
+        return self.tuned_us / self.untuned_us if self.untuned_us > 0 else 1.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "untuned_us": round(self.untuned_us, 3),
+            "tuned_us": round(self.tuned_us, 3),
+            "tuned_over_untuned": round(self.ratio, 4),
+            "spread": round(self.spread, 4),
+            "rounds": self.rounds,
+        }
 
 
 @dataclass
@@ -228,6 +268,8 @@ class TuneReport:
         self.candidates_path = folder / f"airgraph_candidates_{kind}_{stamp}.json"
         self.tasks: list[TuneTask] = []
         self.bank_dir: str | None = None
+        self.call: CallTiming | None = None  # the whole model call (airgraph.tune), see the module docstring
+        self.call_note = ""  # why the call was not timed, when it was not
 
     def new_task(self, name: str) -> TuneTask:
         task = TuneTask(name=name, mode=self.mode)
@@ -245,8 +287,14 @@ class TuneReport:
         write_text_atomic(self.candidates_path, json.dumps(self.candidates(), indent=2, sort_keys=True) + "\n")
 
     def candidates(self) -> dict[str, Any]:
-        """What each unit's candidates did (the module docstring's second file)."""
-        return {task.key: task.candidates() for task in self.tasks}
+        """What each unit's candidates did, and the whole call's times (the module docstring's second file)."""
+        call = self.call.to_dict() if self.call is not None else {"note": self.call_note or "not timed"}
+        return {"model_call": call, **{task.key: task.candidates() for task in self.tasks}}
+
+    @property
+    def measured(self) -> bool:
+        """Whether this session measured anything (False: every unit came from the bank, or none was tunable)."""
+        return any(o.measured for o in self.outcomes)
 
     @property
     def outcomes(self) -> list[Outcome]:
@@ -270,10 +318,19 @@ class TuneReport:
             f"in the bank, {counts['repo_unsatisfied_num']} unsatisfied, {stale} stale"
             + (f"; {dynamic} with symbolic shapes not tuned (compile with dynamic=False)" if dynamic else "")
         ]
+        if self.call is not None:
+            call = self.call
+            lines.append(
+                f"  the whole call, as the next run calls it: {call.untuned_us:.1f} us untuned -> "
+                f"{call.tuned_us:.1f} us tuned (tuned / untuned {call.ratio:.3f}, spread {call.spread:.0%}, "
+                f"{call.rounds} rounds)"
+            )
+        elif self.call_note:
+            lines.append(f"  the whole call: not timed ({self.call_note})")
         for task in self.tasks:
             if task.model_before_ms is not None and task.model_after_ms is not None:
                 lines.append(
-                    f"  {task.name}: {task.model_before_ms:.4f} ms -> {task.model_after_ms:.4f} ms "
+                    f"  {task.name}, the graph alone: {task.model_before_ms:.4f} ms -> {task.model_after_ms:.4f} ms "
                     f"({improvement(task.model_before_ms, task.model_after_ms)})"
                 )
             for o in task.outcomes:
