@@ -24,12 +24,13 @@ if TYPE_CHECKING:
 
     from airgraph.export.exporter import ExportResult
 
-__all__ = ["CompilerConfig", "dynamo_export", "explain", "get_backend", "ops", "plan", "scope", "tune"]
+__all__ = ["CompilerConfig", "compile", "dynamo_export", "explain", "get_backend", "ops", "plan", "scope", "tune"]
 __version__ = "0.1.0"
 
 # public name -> (module, attribute); attribute None: the module itself
 _LAZY: dict[str, tuple[str, str | None]] = {
     "get_backend": ("airgraph.backend", "get_backend"),
+    "compile": ("airgraph.backend", "compile_model"),
     "explain": ("airgraph.report.explain", "explain"),
     "plan": ("airgraph.report.explain", "plan"),
     "scope": ("airgraph.scope", None),

@@ -56,11 +56,12 @@ from airgraph.report.schema import GraphReport, NodeReport, SegmentReport, next_
 from airgraph.runtime.capture import GraphCapture, MemoryPool, ObservedRun, ShapeKeyObserver
 from airgraph.runtime.device import DeviceRuntime, runtime_for
 from airgraph.runtime.executor import build_executor
+from airgraph.runtime.fastpath import Direct, FastPath
 from airgraph.runtime.host import HostSplit
 from airgraph.tuning.source import BankSource
 from airgraph.tuning.tuner import Tuner
 
-__all__ = ["AirgraphBackend", "airgraph_backend", "get_backend"]
+__all__ = ["AirgraphBackend", "airgraph_backend", "compile_model", "get_backend"]
 
 _cpu_capture_warned = False  # reduce-overhead on the CPU: one warning per process
 
@@ -98,6 +99,7 @@ class AirgraphBackend:
             self.static_kernels = StaticKernels(self.config)
             self.shape_observers.append(self.static_kernels.observer)
         self._pool = MemoryPool(runtime_for(torch.device("cuda"), runtime))
+        self.direct = False  # wrap each compiled graph in fastpath.Direct (compile_model(..., fast_path=True))
 
     def __repr__(self) -> str:
         return f"AirgraphBackend(mode={self.config.mode!r}, kernel_backend={self.config.kernel_backend!r})"
@@ -113,7 +115,7 @@ class AirgraphBackend:
             warm = kernels.warm_start(gm, example_inputs)
             if warm is not None:
                 self.reports.append(_warm_report(warm, self.config.mode, dynamo_graph))
-                return warm
+                return Direct(warm, "inference") if self.direct else warm
         compile_as = functools.partial(self.compile_graph, dynamo_graph=dynamo_graph)
         if self.config.kernel_backend == "inductor":
             from torch._inductor import config as inductor_config
@@ -243,7 +245,7 @@ class AirgraphBackend:
         ]
         report.compile_seconds = time.perf_counter() - start
         self.reports.append(report)
-        return run
+        return Direct(run, kind) if self.direct and not self.plan_only else run
 
     def _capture(
         self,
@@ -366,6 +368,31 @@ def _hint(value: Any) -> Any:
         hint = value.node.hint
         return int(hint) if hint is not None else 1
     return value
+
+
+def compile_model(
+    model: Any,
+    compiler_config: CompilerConfig | None = None,
+    *,
+    fast_path: bool = False,
+    runtime: DeviceRuntime | None = None,
+    **compile_kwargs: Any,
+) -> Any:
+    """``torch.compile(model, backend=airgraph.get_backend(compiler_config), **compile_kwargs)`` (``airgraph.compile``).
+
+    ``fast_path=True``: calls whose argument signature was seen before go straight to the compiled graph, past
+    Dynamo's guards and AOTAutograd's wrapper (runtime/fastpath.py: what it checks and what it does not: Python
+    state the forward reads besides its arguments, parameters and buffers). Returns a
+    :class:`airgraph.runtime.fastpath.FastPath` (``.compiled``: the torch.compile'd model, ``.backend``).
+    ``runtime`` (tests): the simulator."""
+    backend = AirgraphBackend(compiler_config, runtime=runtime)
+    compiled = torch.compile(model, backend=backend, **compile_kwargs)
+    if not fast_path:
+        return compiled
+    backend.direct = True
+    fast = FastPath(model, compiled)
+    fast.backend = backend
+    return fast
 
 
 def get_backend(compiler_config: CompilerConfig | None = None) -> AirgraphBackend:

@@ -86,6 +86,7 @@ def run(preset: str, calls: int, rounds: int) -> dict[str, Any]:
     config.mode, config.kernel_backend = "reduce-overhead", "aten"
     backend = AirgraphBackend(config, runtime=NullReplay())
     step = torch.compile(model, backend=backend, fullgraph=True)
+    fast = airgraph.compile(model, config, fast_path=True, runtime=NullReplay(), fullgraph=True)
     floor = torch.compile(model, backend=_floor_backend, fullgraph=True)
     with torch.no_grad():
         model(*prefill_inputs(model.config, 1, 8))
@@ -93,8 +94,11 @@ def run(preset: str, calls: int, rounds: int) -> dict[str, Any]:
         for _ in range(5):  # warm-up, record, replays
             step(tokens, pos)
             floor(tokens, pos)
+            fast(tokens, pos)
         assert backend.reports[0].captured, backend.reports[0].uncaptured_reason
-        times = _per_call_us({"airgraph_replay": step, "framework_floor": floor}, (tokens, pos), calls, rounds)
+        assert fast.routes == 1 and not fast.refused, fast.refused
+        variants = {"airgraph_replay": step, "framework_floor": floor, "airgraph_fast_path": fast}
+        times = _per_call_us(variants, (tokens, pos), calls, rounds)
     times = {name: round(value, 2) for name, value in times.items()}
     return {
         **environment(torch.device("cpu")),

@@ -31,13 +31,20 @@ user's tensor by then. So, as CUDAGraph Trees do, the workspaces are cleared bef
 each recording: the recording's GEMMs allocate their workspace inside the graph's private pool, which only this
 backend's graphs use, one replay at a time.
 
-Outputs (the documented policy): **outputs stay correct**. After each replay the outputs are copied out of
-the pool into fresh tensors owned by the caller (one device-to-device copy per output storage, on the
-replay's stream), so a tensor kept from step N is never overwritten by step N+1, nor by another key's
-replay. Copies keep each output's storage offset, and outputs that share a storage share the copy, so
-AOTAutograd's regeneration of views (``as_strided`` on the returned tensor's metadata under dynamic shapes)
-gives the eager result. An output that is a view of an input is a view of the caller's tensor (a parameter
-used in place, or the caller's own input rather than its static buffer), never a copy.
+Outputs (the documented policy): **outputs stay correct**, and are copied only when that needs it. A replay
+hands its outputs to the caller without a copy: new tensors (``detach``) on the graph's own memory. Before the
+next replay of any graph of the pool (which may overwrite that memory), ``MemoryPool.settle`` looks at each
+storage handed out (storage use counts, as CUDAGraph Trees read them): nobody holds it any more (a decode loop
+that took the next token and dropped the logits) -> nothing to do; only the handed tensors themselves hold it (a
+loop that keeps ``out`` until the next call returns) -> each is moved to one copy of the storage
+(``Tensor.set_``, offsets kept), then the replay runs. Held any other way (a view of an output, autograd's
+saved tensors), it cannot be moved: that call runs uncaptured, on fresh memory, and from then on every replay of
+the pool copies its outputs out (one device-to-device copy per output storage, on the replay's stream) before
+returning them. So a tensor kept from step N is never overwritten by step N+1, nor by another key's replay.
+Copies keep each output's storage offset, and outputs that share a storage share the copy, so AOTAutograd's
+regeneration of views (``as_strided`` on the returned tensor's metadata under dynamic shapes) gives the eager
+result. An output that is a view of an input is a view of the caller's tensor (a parameter used in place, or
+the caller's own input rather than its static buffer), never a copy.
 
 Replays run on the caller's current stream; when it differs from the previous replay's stream on that
 device (any graph of the backend: they share the pool), the new stream first waits for the old one.
@@ -80,6 +87,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import operator
 import warnings
 import weakref
 from collections.abc import Callable, Sequence
@@ -89,8 +97,18 @@ from typing import Any, Protocol
 import torch
 
 from airgraph.runtime.device import CUDA, CaptureError, DeviceRuntime
+from airgraph.runtime.fastpath import MISS
 from airgraph.runtime.host import HostSplit, refill
-from airgraph.runtime.outputs import copy_out, expanded_dims, one_per_expanded, output_plan, storage
+from airgraph.runtime.outputs import (
+    Handed,
+    copy_out,
+    expanded_dims,
+    hand_out,
+    handed_records,
+    one_per_expanded,
+    output_plan,
+    storage,
+)
 
 log = logging.getLogger("airgraph")
 
@@ -99,6 +117,7 @@ MAX_RECAPTURES = 3
 
 # all(tensors[i].data_ptr() == ptrs[i] for i in indices), in C++; bound in CUDA builds of PyTorch only.
 _PTRS_EQUAL = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)
+_data_ptr = torch.Tensor.data_ptr
 
 
 class CaptureState(enum.Enum):
@@ -116,6 +135,8 @@ class _Key:
     static_outputs: Sequence[Any] = ()
     static_ptrs: list[int | None] = field(default_factory=list)  # GraphCapture._static_ptrs
     static_checked: list[int] = field(default_factory=list)  # positions of static tensor inputs
+    static_getter: Callable[[list], Sequence[Any]] = tuple  # the static tensor inputs of an argument list
+    checked_ptrs: list[int] = field(default_factory=list)  # their addresses at the recording
     copy_indices: tuple[int, ...] = ()
     # HostSplit only: the key's static host values, and (static buffer, transfer) pairs refilled per call.
     statics: list[Any] = field(default_factory=list)
@@ -124,6 +145,8 @@ class _Key:
     copy_back: tuple[int, ...] = ()  # mutated inputs copied back from their buffers after a replay
     recaptures: int = 0  # times static inputs moved (each drops the graph; re-recorded up to MAX_RECAPTURES)
     outputs: list[tuple] = field(default_factory=list)  # runtime.outputs.output_plan
+    handed: list[Any] = field(default_factory=list)  # runtime.outputs.handed_records, per output
+    handed_storages: list[Handed] = field(default_factory=list)  # the records of the pool-memory storages
     owned: list[torch.Tensor] = field(default_factory=list)  # the buffers GraphCapture allocated for the graph
     replays: int = 0
 
@@ -148,6 +171,11 @@ class MemoryPool:
         # Storages of the static inputs (parameters, buffers) of every graph recorded in this pool: a backward
         # graph's input that is a view of one (a weight saved for backward) is used in place too.
         self.static_storages: dict[int, weakref.ref] = {}  # storage address -> a tensor using it
+        # Outputs handed to callers without a copy (module docstring: Outputs), settled before the next replay;
+        # copy_outputs: set for good once one was held in a way that cannot be moved (then every replay copies).
+        self.handed: list[Handed] = []
+        self.copy_outputs = False
+        self.held_warned = False
 
     def handle(self, device: torch.device) -> Any:
         if device not in self._handles:
@@ -162,6 +190,16 @@ class MemoryPool:
         """No later capture on ``device`` goes into its current pool (a failed capture spent it)."""
         self._handles.pop(device, None)
         self._keepers.pop(device, None)
+
+    def settle(self) -> bool:
+        """Before a replay: every output handed without a copy is free to overwrite (dropped, or moved to a copy
+        of its own). False while one is held by something that cannot be moved (a view of it): the replay must
+        not run; from then on replays copy their outputs (``copy_outputs``)."""
+        held = [h for h in self.handed if not h.settle()]
+        self.handed = held
+        if held:
+            self.copy_outputs = True
+        return not held
 
     def stream(self, device: torch.device) -> Any:
         if device not in self._streams:
@@ -283,8 +321,7 @@ class GraphCapture:
         """Whether a static input's address differs from the recording's (a parameter or buffer moved)."""
         if _PTRS_EQUAL is not None:  # CUDA builds: the check CUDAGraph Trees use, in C++
             return not _PTRS_EQUAL(args, entry.static_ptrs, entry.static_checked)
-        ptrs = entry.static_ptrs
-        return any(args[i].data_ptr() != ptrs[i] for i in entry.static_checked)
+        return list(map(_data_ptr, entry.static_getter(args))) != entry.checked_ptrs
 
     # -- calls -------------------------------------------------------------------------------------------
     def __call__(self, args: list) -> Any:
@@ -327,6 +364,24 @@ class GraphCapture:
             self._record(entry, keep, *buffers)
         return outputs
 
+    def fast_call(self, args: list, entry: Any = None) -> Any:
+        """A call from the fast path (runtime/fastpath.py): the replay of a recorded key (``entry``: the key's
+        state, as :meth:`fast_entry` gave it) whose static inputs are where they were; anything else (a key warming
+        up, not captured, or whose parameters moved) is :data:`MISS`, left to ``torch.compile`` (whose guards
+        recompile for a new dtype or device)."""
+        if entry is None:
+            entry = self.fast_entry(args)
+        if entry is None or entry.state is not CaptureState.CAPTURED or self._static_moved(args, entry):
+            return MISS
+        return self._replay(entry, args)
+
+    def fast_entry(self, args: list) -> _Key | None:
+        """The state of the key of ``args``, once it is recorded (the fast path keeps it per route)."""
+        if self._uncapturable:
+            return None
+        entry = self._keys.get(self._key(args))
+        return entry if entry is not None and entry.state is CaptureState.CAPTURED else None
+
     def _new_key(self) -> _Key:
         captured = sum(1 for k in self._keys.values() if k.state is not CaptureState.UNCAPTURED)
         if captured >= self._limit:
@@ -350,6 +405,7 @@ class GraphCapture:
             for buffer in entry.owned:
                 self._runtime.record_stream(buffer, last)
         entry.graph, entry.static_args, entry.static_outputs, entry.outputs = None, [], (), []
+        entry.handed, entry.handed_storages = [], []
         entry.statics, entry.refill, entry.owned = [], [], []
 
     def _warmup(self, args: list) -> Any:
@@ -425,6 +481,8 @@ class GraphCapture:
         entry.owned = [a for i, a in enumerate(static_args) if i >= len(args) or a is not args[i]]
         entry.static_ptrs = self._static_ptrs(static_args, sorted(static))
         entry.static_checked = [i for i in sorted(static) if entry.static_ptrs[i] is not None]
+        entry.checked_ptrs = [entry.static_ptrs[i] for i in entry.static_checked]
+        entry.static_getter = _getter(entry.static_checked)
         self._pool.static_storages.update(
             (storage(args[i]), weakref.ref(args[i])) for i in self._static if isinstance(args[i], torch.Tensor)
         )
@@ -432,6 +490,8 @@ class GraphCapture:
         entry.expanded = {i: expanded_dims(static_args[i]) for i in entry.copy_indices}
         entry.copy_back = tuple(i for i in self._mutated if i in entry.copy_indices)
         entry.outputs = output_plan(static_outputs, static_args, len(args), entry.copy_indices, self._input_views)
+        entry.handed = handed_records(static_outputs, entry.outputs)
+        entry.handed_storages = list({id(h): h for h in entry.handed if h is not None}.values())
         entry.state = CaptureState.CAPTURED
         self._report.captured = True
         if entry.recaptures:
@@ -460,6 +520,9 @@ class GraphCapture:
         return found
 
     def _replay(self, entry: _Key, args: list) -> list[Any]:
+        pool = self._pool
+        if pool.handed and not pool.settle():
+            return self._held(args)
         static_args, runtime = entry.static_args, self._runtime
         stream = runtime.current_stream(self.device)
         last = self._pool.last_stream.get(self.device)
@@ -475,16 +538,44 @@ class GraphCapture:
             buffer, a = static_args[i], args[i]
             if buffer.data_ptr() != a.data_ptr():
                 dims = entry.expanded[i]
-                runtime.copy_(one_per_expanded(buffer, dims), one_per_expanded(a, dims))
+                if dims:
+                    buffer, a = one_per_expanded(buffer, dims), one_per_expanded(a, dims)
+                runtime.copy_(buffer, a)
         entry.graph.replay()
         entry.replays += 1
         for i in entry.copy_back:  # mutated inputs that had a buffer (CPU inputs were mutated in place)
             if static_args[i].data_ptr() != args[i].data_ptr():
                 runtime.copy_(args[i], static_args[i])
         runtime.reading(entry.static_outputs)
-        outputs = copy_out(entry.static_outputs, entry.outputs, entry.static_args, args)
+        if pool.copy_outputs:
+            outputs = copy_out(entry.static_outputs, entry.outputs, static_args, args)
+        else:  # pool.handed is empty: settled above
+            outputs = hand_out(entry.static_outputs, entry.outputs, static_args, args, entry.handed)
+            pool.handed = entry.handed_storages
         args.clear()
         return outputs if split is None else split.assemble(outputs, values, clone_static=True)
+
+    def _held(self, args: list) -> Any:
+        """A replay would overwrite an earlier output that is still held through a view: run uncaptured instead
+        (fresh memory), until that output is let go."""
+        if not self._pool.held_warned:
+            self._pool.held_warned = True
+            log.warning(
+                "airgraph: graph %d: an output of an earlier replay is still held through a view, and the next "
+                "replay would overwrite it; this call runs uncaptured, and replays copy their outputs from now on "
+                "(keep what you need of an output with .clone(), or drop the view before the next call)",
+                self._report.id,
+            )
+        return self._warmup(args)
+
+
+def _getter(positions: list[int]) -> Callable[[list], Sequence[Any]]:
+    """``lambda args: [args[i] for i in positions]``, as fast as Python gets it."""
+    if not positions:
+        return lambda args: ()
+    if len(positions) == 1:
+        return lambda args, i=positions[0]: (args[i],)
+    return operator.itemgetter(*positions)
 
 
 def _moved(args: list, entry: _Key, i: int) -> bool:

@@ -3,13 +3,24 @@ and copying memory that an expanded view (stride 0) covers once per element it r
 
 from __future__ import annotations
 
+import weakref
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
-__all__ = ["copy_out", "expanded_dims", "one_per_expanded", "output_plan", "storage"]
+__all__ = [
+    "Handed",
+    "copy_out",
+    "expanded_dims",
+    "hand_out",
+    "handed_records",
+    "one_per_expanded",
+    "output_plan",
+    "storage",
+]
 
 
 def expanded_dims(t: Any) -> tuple[int, ...]:
@@ -96,27 +107,101 @@ def storage(t: torch.Tensor) -> int:
     return t.untyped_storage().data_ptr()
 
 
+class Handed:
+    """One storage of a recorded graph's outputs, and the tensors on it handed to the caller without a copy by the
+    last replay (:func:`hand_out`): a weak reference to the storage, how many held it at the recording (the
+    graph's own outputs) and weak references to the handed tensors. Settled before the next replay that may
+    overwrite that memory (MemoryPool.settle)."""
+
+    __slots__ = ("handed", "held_at_recording", "storage")
+
+    def __init__(self, storage: StorageWeakRef, held_at_recording: int) -> None:
+        self.storage, self.held_at_recording = storage, held_at_recording
+        self.handed: list[weakref.ref] = []
+
+    def settle(self) -> bool:
+        """Make the memory free to overwrite: nothing holds it (done), or only the handed tensors do (each is moved
+        to a copy of the storage, offsets kept: one copy for all of them). False: something else holds it (a view
+        of a handed tensor, autograd): it cannot be moved, and the memory must not be overwritten."""
+        if self.storage.expired():  # the graph was dropped and nobody holds its memory
+            self.handed = []
+            return True
+        held = torch._C._storage_Use_Count(self.storage.cdata) - self.held_at_recording
+        if held <= 0:
+            self.handed = []
+            return True
+        alive = [t for ref in self.handed if (t := ref()) is not None]
+        if held != len(alive):
+            return False
+        copy = alive[0].untyped_storage().clone()
+        for t in alive:
+            t.set_(copy, t.storage_offset(), t.size(), t.stride())
+        self.handed = []
+        return True
+
+
 def copy_out(static_outputs: Sequence[Any], plan: list[tuple], static_args: list, args: list) -> list[Any]:
     """A replay's outputs for the caller, by ``plan`` (:func:`output_plan`): pool memory copied once per storage,
     offsets and sharing kept."""
     copies: dict[int, Any] = {}
     outputs = []
     for out, how in zip(static_outputs, plan, strict=True):
-        if how[0] == _CLONE:
+        kind = how[0]
+        if kind == _CLONE:
             if how[1]:
                 outputs.append(out.clone())
             else:  # a strided view: only its elements, same strides
                 copy = torch.empty_strided(out.size(), out.stride(), dtype=out.dtype, device=out.device)
                 outputs.append(copy.copy_(out))
-        elif how[0] == _KEEP:
-            outputs.append(out)
-        elif how[0] == _INPUT_VIEW:
-            base, buffer = args[how[1]], static_args[how[1]]
-            offset = out.storage_offset() - buffer.storage_offset() + base.storage_offset()
-            outputs.append(base.as_strided(out.size(), out.stride(), offset))
-        else:
+        elif kind == _COPY:
             if how[1] not in copies:
                 copies[how[1]] = out.untyped_storage().clone()
             view = torch.empty(0, dtype=out.dtype, device=out.device)
             outputs.append(view.set_(copies[how[1]], out.storage_offset(), out.size(), out.stride()))
+        else:
+            outputs.append(_not_pool(out, how, static_args, args))
     return outputs
+
+
+def hand_out(
+    static_outputs: Sequence[Any], plan: list[tuple], static_args: list, args: list, records: list[Handed | None]
+) -> list[Any]:
+    """A replay's outputs for the caller without copying pool memory: each such output is a new tensor on the
+    graph's own memory (``detach``: same storage, offset, sizes and strides), told to its storage's
+    :class:`Handed` record (``records``: :func:`handed_records`), to settle before the next replay."""
+    outputs = []
+    for out, how, record in zip(static_outputs, plan, records, strict=True):
+        if record is None:
+            outputs.append(_not_pool(out, how, static_args, args))
+        else:
+            alias = out.detach()
+            record.handed.append(weakref.ref(alias))
+            outputs.append(alias)
+    return outputs
+
+
+def _not_pool(out: Any, how: tuple, static_args: list, args: list) -> Any:
+    """An output that is not in the pool's memory: kept as it is, or the same view of the caller's input."""
+    if how[0] == _KEEP:
+        return out
+    base, buffer = args[how[1]], static_args[how[1]]
+    offset = out.storage_offset() - buffer.storage_offset() + base.storage_offset()
+    return base.as_strided(out.size(), out.stride(), offset)
+
+
+def handed_records(static_outputs: Sequence[Any], plan: list[tuple]) -> list[Handed | None]:
+    """Per output in pool memory, the :class:`Handed` record of its storage (one per storage, holding a weak
+    reference to it and how many hold it now: taken at the recording, when only the graph's own outputs do); None
+    for the others."""
+    records: dict[int, Handed] = {}
+    result: list[Handed | None] = []
+    for out, how in zip(static_outputs, plan, strict=True):
+        if how[0] not in (_CLONE, _COPY):
+            result.append(None)
+            continue
+        key = storage(out)
+        if key not in records:
+            ref = StorageWeakRef(out.untyped_storage())
+            records[key] = Handed(ref, torch._C._storage_Use_Count(ref.cdata))
+        result.append(records[key])
+    return result

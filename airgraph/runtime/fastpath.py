@@ -1,0 +1,326 @@
+"""The fast path: a call of a compiled model that goes straight to its compiled graph (``airgraph.compile(...,
+fast_path=True)``).
+
+A decode step is small: on the host, Dynamo's guards and AOTAutograd's wrapper cost more than the replay they
+lead to (tiny LLaMA on the CPU: 36 of 49 us per step before airgraph's first line). Once a call signature has
+been seen, :class:`FastPath` calls the graph's own callable (the GraphCapture, or the executor where nothing is
+captured) with the arguments Dynamo would have passed, and returns what the model would have returned.
+
+**Learning** (the second call of a signature: the first one may compile, and compiling may touch the tensors
+whose versions are checked below): the call goes through ``torch.compile`` as usual, while
+the compiled graphs it reaches report their arguments and outputs (:class:`Direct`). A route is made only when
+every one of these holds, else the signature is refused for good (it always takes the ``torch.compile`` path,
+at no extra cost):
+
+- exactly one compiled graph ran, an inference graph (no autograd: a training step needs AOTAutograd's
+  autograd.Function), and it was airgraph's (the backend made by ``airgraph.compile``);
+- each of its tensor arguments is one of the call's tensors, or a parameter or buffer of the model (the same
+  object every call); non-tensor arguments (sizes) are constants of the signature;
+- each tensor the model returned is one of the graph's outputs or one of the call's tensors;
+- nothing outside the graph wrote the call's tensors, the parameters or buffers (``Tensor._version``): an input
+  mutation AOTAutograd applies after the graph, or eager code around it, would be skipped.
+
+**What a skipped guard would have caught, caught cheaply** (each one tested):
+
+- a new shape, stride, dtype or device of any tensor argument, or another value of a non-tensor argument
+  (int, float, bool, str, None), or another argument structure: another signature, learned anew;
+- grad mode, inference mode or autocast switched: part of the signature;
+- a parameter, buffer or submodule assigned (``module.weight = ...``, ``load_state_dict(assign=True)``): global
+  registration hooks count every assignment in the process, and every route of every fast path is dropped;
+- a parameter or buffer moved (``model.to``, ``.half()``, ``param.data = ...``): its address is checked each call
+  (the GraphCapture's own check on captured graphs), and the call goes through ``torch.compile``, whose guards
+  recompile where the dtype or device changed.
+
+**What it does not check** (why it is opt-in): Python state the forward reads besides its arguments, parameters
+and buffers (a flag on the module, a global, a tensor attribute that is not a buffer is refused, but an int
+attribute is a constant of the graph). Dynamo guards on those; the fast path does not. Call
+:meth:`FastPath.reset` after changing such state, or leave the fast path off.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+__all__ = ["Direct", "FastPath"]
+
+# The calls of Direct graphs seen while a FastPath learns a signature (None: nobody is learning).
+_learning: list[_Seen] | None = None
+# Counts parameter, buffer and submodule assignments in the process (registration hooks, installed once).
+_assignments = [0]
+_hooks_installed = False
+
+_SCALARS = (int, float, bool, str, type(None))
+_increment_version = torch._C._increment_version  # torch.autograd.graph.increment_version, without its checks
+_MISS = object()
+
+
+@dataclass
+class _Seen:
+    direct: Direct
+    args: list[Any]  # as the graph got them
+    versions_before: list[int | None]
+    versions_after: list[int | None]
+    outputs: Any
+
+
+def _versions(values: list[Any]) -> list[int | None]:
+    return [v._version if isinstance(v, torch.Tensor) else None for v in values]
+
+
+class Direct:
+    """A compiled graph's boxed callable, as the backend returns it to AOTAutograd (or Dynamo), which a
+    :class:`FastPath` may call directly. ``kind``: "inference", "forward" or "backward"; ``fast_call(args)``: the
+    callable the fast path calls, which returns :data:`MISS` for a call it must leave to ``torch.compile``."""
+
+    def __init__(self, run: Callable[[list], Any], kind: str) -> None:
+        self._boxed_call = True
+        self.run, self.kind = run, kind
+        fast = getattr(run, "fast_call", None)
+        self.fast_call: Callable[[list], Any] = fast if fast is not None else run
+
+    def __call__(self, args: list) -> Any:
+        if _learning is None:
+            return self.run(args)
+        seen = list(args)
+        before = _versions(seen)
+        outputs = self.run(args)
+        _learning.append(_Seen(self, seen, before, _versions(seen), outputs))
+        return outputs
+
+
+MISS = _MISS
+
+
+def _count_assignment(*_: Any) -> None:
+    _assignments[0] += 1
+
+
+def _install_hooks() -> None:
+    global _hooks_installed
+    if _hooks_installed:
+        return
+    from torch.nn.modules import module
+
+    module.register_module_parameter_registration_hook(_count_assignment)
+    module.register_module_buffer_registration_hook(_count_assignment)
+    module.register_module_module_registration_hook(_count_assignment)
+    _hooks_installed = True
+
+
+def _signature(args: tuple, kwargs: dict) -> tuple | None:
+    """The call's signature: grad mode, inference mode, autocast, and per argument its tensor metadata or its
+    value; None when an argument is neither a tensor nor a plain scalar (a nested structure, an object)."""
+    parts: list[Any] = [torch.is_grad_enabled(), torch.is_inference_mode_enabled(), torch.is_autocast_enabled()]
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor):
+            parts.append((value.dtype, value.shape, value.stride(), value.device, value.requires_grad))
+        elif isinstance(value, _SCALARS):
+            parts.append((type(value), value))
+        else:
+            return None
+    if kwargs:
+        parts.append(tuple(kwargs))
+    return tuple(parts)
+
+
+class _Route:
+    """How one signature's call reaches its graph: the graph's arguments (statics in place, the call's tensors
+    at ``slots``) and the model's result (``build``)."""
+
+    def __init__(
+        self,
+        direct: Direct,
+        template: list[Any],
+        slots: list[tuple[int, int]],
+        statics: list[int],
+        bumps: list[int],
+        build: Callable[[list, list], Any],
+        epoch: int,
+    ) -> None:
+        self.fast_call, self.template, self.slots = direct.fast_call, template, slots
+        self.fast_entry = getattr(direct.run, "fast_entry", None)  # a GraphCapture: its key's state, once recorded
+        self.entry: Any = None
+        self.build, self.epoch = build, epoch
+        self.bumps = bumps  # graph inputs whose version AOTAutograd increments before the graph: so does the route
+        static = set(statics)
+        self.bumped = tuple(template[i] for i in bumps) if static.issuperset(bumps) else ()  # the same every call
+        # Captured graphs check their static inputs' addresses themselves (GraphCapture.fast_call); other
+        # graphs read whatever tensors they get, so the route checks them.
+        self.checked = (
+            [] if direct.fast_call is not direct.run else [(template[i], template[i].data_ptr()) for i in statics]
+        )
+
+    def __call__(self, values: list[Any]) -> Any:
+        if self.epoch != _assignments[0]:
+            return _MISS
+        for tensor, ptr in self.checked:
+            if tensor.data_ptr() != ptr:
+                return _MISS
+        args = self.template.copy()
+        for position, index in self.slots:
+            args[position] = values[index]
+        if self.bumps:
+            _increment_version(self.bumped or tuple(args[i] for i in self.bumps))
+        if self.fast_entry is None:
+            outputs = self.fast_call(args)
+        else:
+            if self.entry is None:
+                self.entry = self.fast_entry(args)
+                if self.entry is None:
+                    return _MISS
+            outputs = self.fast_call(args, self.entry)
+        if outputs is _MISS:
+            return _MISS
+        return self.build(outputs, values)
+
+
+class FastPath:
+    """``model`` compiled by ``compiled`` (``torch.compile`` with airgraph's backend, built to wrap its graphs in
+    :class:`Direct`), called through routes (module docstring). ``refused``: signature -> why it has no route."""
+
+    def __init__(self, model: Any, compiled: Callable[..., Any]) -> None:
+        _install_hooks()
+        self.model, self.compiled = model, compiled
+        self.backend: Any = None  # the AirgraphBackend (airgraph.compile sets it)
+        self._routes: dict[tuple, _Route] = {}
+        self.refused: dict[tuple, str] = {}
+        self._seen: set[tuple] = set()  # signatures called once (the next call learns)
+        self.fast_calls = 0  # calls that took a route (tests, benchmarks)
+
+    def reset(self) -> None:
+        """Forget every route (after changing Python state the forward reads)."""
+        self._routes.clear()
+        self.refused.clear()
+        self._seen.clear()
+
+    @property
+    def routes(self) -> int:
+        return len(self._routes)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        signature = _signature(args, kwargs)
+        route = self._routes.get(signature) if signature is not None else None
+        if route is not None:
+            result = route([*args, *kwargs.values()])
+            if result is not _MISS:
+                self.fast_calls += 1
+                return result
+            if route.epoch != _assignments[0]:
+                self._routes.clear()  # a parameter, buffer or submodule was assigned somewhere: learn again
+        if signature is None or signature in self.refused:
+            return self.compiled(*args, **kwargs)
+        if signature not in self._seen:
+            self._seen.add(signature)
+            return self.compiled(*args, **kwargs)
+        return self._learn(signature, args, kwargs)
+
+    def _learn(self, signature: tuple, args: tuple, kwargs: dict) -> Any:
+        global _learning
+        values = [*args, *kwargs.values()]
+        statics = self._statics()
+        watched = [v for v in values if isinstance(v, torch.Tensor)] + list(statics.values())
+        before = _versions(watched)
+        epoch = _assignments[0]
+        previous, _learning = _learning, []
+        seen = _learning
+        try:
+            result = self.compiled(*args, **kwargs)
+        finally:
+            _learning = previous
+        after = _versions(watched)
+        route = _route(seen, values, statics, result, (watched, before, after), epoch)
+        if isinstance(route, str):
+            self.refused[signature] = route
+        elif epoch == _assignments[0]:
+            self._routes[signature] = route
+        return result
+
+    def _statics(self) -> dict[int, torch.Tensor]:
+        if not isinstance(self.model, torch.nn.Module):
+            return {}
+        return {id(t): t for t in (*self.model.parameters(), *self.model.buffers())}
+
+
+def _route(
+    seen: list[_Seen],
+    values: list[Any],
+    statics: dict[int, torch.Tensor],
+    result: Any,
+    versions: tuple[list, list, list],
+    epoch: int,
+) -> _Route | str:
+    """The route for a call that ran ``seen`` (module docstring's conditions), or why there is none."""
+    if len(seen) != 1:
+        return f"{len(seen)} compiled graphs ran in one call (graph breaks?): the fast path takes calls of one graph"
+    (call,) = seen
+    if call.direct.kind != "inference":
+        return f"a {call.direct.kind} graph (autograd) runs through AOTAutograd"
+    by_id = {id(v): i for i, v in enumerate(values) if isinstance(v, torch.Tensor)}
+    template: list[Any] = list(call.args)
+    slots, static_positions = [], []
+    for position, arg in enumerate(call.args):
+        if not isinstance(arg, torch.Tensor):
+            continue  # a size: the same for every call of this signature
+        if id(arg) in by_id:
+            slots.append((position, by_id[id(arg)]))
+            template[position] = None
+        elif id(arg) in statics:
+            static_positions.append(position)
+        else:
+            return f"graph input {position} is neither an argument nor a parameter or buffer of the model"
+    bumps = []
+    watched, before, after = versions
+    for t, b, a in zip(watched, before, after, strict=True):
+        graph_pos = next((i for i, arg in enumerate(call.args) if arg is t), None)
+        if graph_pos is None:
+            if a != b:
+                return "a tensor of the call was written outside the compiled graph"
+            continue
+        if call.versions_after[graph_pos] != a:
+            return f"graph input {graph_pos} was written after the compiled graph (an input mutation applied after it)"
+        ahead = call.versions_before[graph_pos] - b
+        if ahead == 1:  # AOTAutograd marks an input its graph writes (Inductor's kernels write memory unseen)
+            bumps.append(graph_pos)
+        elif ahead:
+            return f"graph input {graph_pos} was written before the compiled graph"
+    build = _builder(result, call.outputs, by_id)
+    if isinstance(build, str):
+        return build
+    return _Route(call.direct, template, slots, static_positions, bumps, build, epoch)
+
+
+def _builder(result: Any, outputs: Any, by_id: dict[int, int]) -> Callable[[list, list], Any] | str:
+    """How to make the model's result from the graph's outputs and the call's values, or why it cannot."""
+    outputs = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
+    out_ids = {id(o): j for j, o in enumerate(outputs) if isinstance(o, torch.Tensor)}
+    leaves, spec = pytree.tree_flatten(result)
+    plan: list[tuple[str, Any]] = []
+    for leaf in leaves:
+        if isinstance(leaf, torch.Tensor):
+            if id(leaf) in out_ids:
+                plan.append(("out", out_ids[id(leaf)]))
+            elif id(leaf) in by_id:
+                plan.append(("arg", by_id[id(leaf)]))
+            else:
+                return "the model returned a tensor that is not an output of its graph (made outside the graph)"
+        elif isinstance(leaf, _SCALARS):
+            plan.append(("constant", leaf))
+        else:
+            return f"the model returned a {type(leaf).__name__}"
+    if isinstance(result, torch.Tensor) and plan[0][0] == "out":
+        j = plan[0][1]
+        return lambda outs, values: outs[j]
+    if type(result) in (tuple, list) and all(kind == "out" for kind, _ in plan) and len(plan) == len(leaves):
+        picks, kind_of = [j for _, j in plan], type(result)
+        return lambda outs, values: kind_of(outs[j] for j in picks)
+
+    def build(outs: list, values: list) -> Any:
+        made = [outs[x] if kind == "out" else values[x] if kind == "arg" else x for kind, x in plan]
+        return pytree.tree_unflatten(made, spec)
+
+    return build

@@ -1,0 +1,221 @@
+"""The fast path (runtime/fastpath.py) and outputs handed without a copy (runtime/capture.py, outputs.py), on the
+CUDA simulator: a recorded key is called past Dynamo and AOTAutograd, what a skipped guard would catch is still
+caught, and a kept output is never overwritten while a dropped one costs no copy."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import airgraph
+from airgraph.runtime import fastpath
+from airgraph.runtime.simulated import SimulatedCuda
+from tests.helpers import assert_close, make_config
+
+
+class Step(nn.Module):
+    def __init__(self, d: int = 16) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.up, self.down = nn.Linear(d, 2 * d), nn.Linear(2 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(torch.relu(self.up(x)))
+
+
+def fast_compile(model, **options):
+    config = make_config(mode="reduce-overhead", kernel_backend="aten", **options)
+    return airgraph.compile(model, config, fast_path=True, runtime=SimulatedCuda())
+
+
+def warm(fast, *args, calls: int = 4):
+    """Calls until the key is recorded and the signature has a route (warm-up, record, learn)."""
+    with torch.no_grad():
+        for _ in range(calls):
+            fast(*args)
+
+
+def test_a_recorded_key_is_called_past_torch_compile_and_equals_eager(monkeypatch):
+    model, x = Step().eval(), torch.randn(4, 16)
+    fast = fast_compile(model)
+    warm(fast, x)
+    assert fast.routes == 1 and not fast.refused
+    monkeypatch.setattr(fast, "compiled", None)  # torch.compile's path is not taken any more
+    before = fast.fast_calls
+    with torch.no_grad():
+        for i in range(3):
+            y = torch.full((4, 16), float(i))
+            assert_close(fast(y), model(y))
+    assert fast.fast_calls == before + 3
+
+
+def test_a_new_shape_or_scalar_takes_another_signature():
+    model = Step().eval()
+    fast = fast_compile(model)
+    warm(fast, torch.randn(4, 16))
+    calls = fast.fast_calls
+    with torch.no_grad():
+        x = torch.randn(2, 16)
+        assert_close(fast(x), model(x))  # another shape: through torch.compile, not the route of (4, 16)
+    assert fast.fast_calls == calls
+    signature = fastpath._signature
+    assert signature((x, 2), {}) != signature((x, 3), {})
+    assert signature((x,), {}) != signature((x.t().contiguous().t(),), {})  # strides
+    assert signature((x,), {}) != signature((x.double(),), {})
+    assert signature((x,), {}) != signature((torch.empty(2, 16, device="meta"),), {})  # another device
+    assert signature((x,), {}) != signature((), {"x": x})
+    assert signature(([x],), {}) is None  # a structure: no signature, always torch.compile's path
+
+
+def test_grad_mode_leaves_the_fast_path():
+    model, x = Step(), torch.randn(4, 16)  # parameters require grad
+    fast = fast_compile(model)
+    warm(fast, x)
+    calls = fast.fast_calls
+    out = fast(x)  # grad enabled: a training graph, through torch.compile and AOTAutograd
+    assert out.requires_grad and out.grad_fn is not None and fast.fast_calls == calls
+    out.sum().backward()
+    assert model.up.weight.grad is not None
+
+
+def test_an_assigned_parameter_is_learned_again():
+    model, x = Step().eval(), torch.randn(4, 16)
+    fast = fast_compile(model)
+    warm(fast, x)
+    calls = fast.fast_calls
+    model.up.weight = nn.Parameter(torch.randn_like(model.up.weight))
+    with torch.no_grad():
+        assert_close(fast(x), model(x))  # the assignment was counted: the route dropped, the call learned anew
+        assert fast.fast_calls == calls and fast.routes == 1
+        assert_close(fast(x), model(x))
+    assert fast.fast_calls == calls + 1
+
+
+def test_a_moved_parameter_is_left_to_torch_compile():
+    model, x = Step().eval(), torch.randn(4, 16)
+    fast = fast_compile(model)
+    warm(fast, x)
+    calls = fast.fast_calls
+    with torch.no_grad():
+        model.down.weight.data = model.down.weight.data * 2  # new memory, same Parameter object
+        assert_close(fast(x), model(x))
+    assert fast.fast_calls == calls  # the capture's address check missed: torch.compile's path re-recorded
+
+
+class Broken(Step):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.up(x))
+        torch._dynamo.graph_break()
+        return x + self.down(h)
+
+
+class ReturnsAView(Step):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return super().forward(x), x[0]
+
+
+@pytest.mark.parametrize(
+    ("model", "reason"),
+    [
+        (Broken(), "2 compiled graphs ran in one call"),
+        (ReturnsAView(), "not an output of its graph"),
+    ],
+)
+def test_a_call_the_route_cannot_reproduce_is_refused(model, reason):
+    model, x = model.eval(), torch.randn(4, 16)
+    fast = fast_compile(model)
+    warm(fast, x)
+    assert fast.routes == 0 and reason in next(iter(fast.refused.values()))
+    with torch.no_grad():
+        assert_close(fast(x), model(x))
+
+
+def test_an_input_mutation_applied_after_the_graph_is_refused():
+    def bump(x: torch.Tensor, counter: torch.Tensor) -> torch.Tensor:
+        counter.add_(1)
+        return x * 2
+
+    fast = fast_compile(bump, **{"experimental_config.keep_inference_input_mutations": False})
+    x, counter = torch.randn(4), torch.zeros(())
+    warm(fast, x, counter)
+    assert fast.routes == 0 and "written after the compiled graph" in next(iter(fast.refused.values()))
+    assert int(counter) == 4
+
+
+# -- outputs without a copy ------------------------------------------------------------------------------
+
+
+def copies(fn) -> int:
+    """Top-level copy_ and clone ops that ``fn()`` dispatches (an output copy, or an input into its buffer)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn()
+    events = prof.events()
+    return sum(1 for e in events if e.name in ("aten::copy_", "aten::clone") and not _nested(e))
+
+
+def _nested(event) -> bool:
+    parent = event.cpu_parent
+    while parent is not None:
+        if parent.name.startswith("aten::"):
+            return True
+        parent = parent.cpu_parent
+    return False
+
+
+def test_outputs_dropped_before_the_next_step_are_never_copied():
+    model, x = Step().eval(), torch.randn(4, 16)
+    fast = fast_compile(model)
+    warm(fast, x)
+    with torch.no_grad():
+        dropped = [copies(lambda: fast(x).sum()) for _ in range(3)]  # each step's output dropped at once
+        assert not fast.backend._pool.copy_outputs
+        fast.backend._pool.copy_outputs = True  # as before: every replay copies its output out
+        copied = [copies(lambda: fast(x).sum()) for _ in range(3)]
+    # The replay's own copies (its input into its buffer; the simulator's graph writes) in both; one more with
+    # the output copied out.
+    assert [c - 1 for c in copied] == dropped
+
+
+def test_outputs_kept_across_steps_keep_their_values():
+    model = Step().eval()
+    fast = fast_compile(model)
+    warm(fast, torch.randn(4, 16))
+    kept, counts = [], []
+    with torch.no_grad():
+        replay = copies(lambda: fast(torch.randn(4, 16)).sum())  # a step whose output is dropped
+        for i in range(4):
+            x = torch.full((4, 16), float(i))
+            counts.append(copies(lambda x=x: kept.append(fast(x))))
+        for i, out in enumerate(kept):  # step i's output, after later replays
+            assert_close(out, model(torch.full((4, 16), float(i))))
+    # each later step: the previous step's kept output moved to a copy before the replay
+    assert counts == [replay, replay + 1, replay + 1, replay + 1]
+    assert not fast.backend._pool.copy_outputs
+
+
+def test_a_view_of_an_output_held_across_a_replay_stays_correct():
+    model = Step().eval()
+    fast = fast_compile(model)
+    warm(fast, torch.randn(4, 16))
+    rows = []
+    with torch.no_grad():
+        for i in range(4):
+            rows.append(fast(torch.full((4, 16), float(i)))[1])  # a view: the output itself is dropped
+        for i, row in enumerate(rows):
+            assert_close(row, model(torch.full((4, 16), float(i)))[1])
+    assert fast.backend._pool.copy_outputs  # from the first held view on, replays copy their outputs
+
+
+def test_on_the_cpu_the_route_calls_the_executor_and_checks_parameter_addresses():
+    """Nothing captured (the CPU): the route calls the executor itself, and checks the parameters' addresses."""
+    model, x = Step().eval(), torch.randn(4, 16)
+    fast = airgraph.compile(model, make_config(kernel_backend="aten"), fast_path=True)
+    warm(fast, x)
+    calls = fast.fast_calls
+    with torch.no_grad():
+        assert_close(fast(x), model(x))
+        assert fast.fast_calls == calls + 1
+        model.up.weight.data = model.up.weight.data.double().float() * 3  # new memory, same Parameter
+        assert_close(fast(x), model(x))
+    assert fast.fast_calls == calls + 1
