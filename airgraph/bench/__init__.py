@@ -11,6 +11,7 @@ MODES = (
     "torch.compile",
     "airgraph max-autotune",
     "airgraph reduce-overhead",
+    "airgraph fast-path",
     "torch.compile reduce-overhead",
 )
 CUDA_ONLY_MODES = frozenset({"torch.compile reduce-overhead"})
@@ -20,6 +21,7 @@ MODE_ALIASES = {
     "inductor": "torch.compile",
     "max-autotune": "airgraph max-autotune",
     "reduce-overhead": "airgraph reduce-overhead",
+    "fast-path": "airgraph fast-path",
     "torch-reduce-overhead": "torch.compile reduce-overhead",
 }
 DTYPE_NAMES = ("float32", "bfloat16", "float16")

@@ -55,6 +55,7 @@ _assignments = [0]
 _hooks_installed = False
 
 _SCALARS = (int, float, bool, str, type(None))
+_any_autocast = torch._C._is_any_autocast_enabled  # autocast on any device type
 _increment_version = torch._C._increment_version  # torch.autograd.graph.increment_version, without its checks
 _MISS = object()
 
@@ -115,7 +116,7 @@ def _install_hooks() -> None:
 def _signature(args: tuple, kwargs: dict) -> tuple | None:
     """The call's signature: grad mode, inference mode, autocast, and per argument its tensor metadata or its
     value; None when an argument is neither a tensor nor a plain scalar (a nested structure, an object)."""
-    parts: list[Any] = [torch.is_grad_enabled(), torch.is_inference_mode_enabled(), torch.is_autocast_enabled()]
+    parts: list[Any] = [torch.is_grad_enabled(), torch.is_inference_mode_enabled(), _any_autocast()]
     for value in (*args, *kwargs.values()):
         if isinstance(value, torch.Tensor):
             parts.append((value.dtype, value.shape, value.stride(), value.device, value.requires_grad))

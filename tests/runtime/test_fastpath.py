@@ -65,6 +65,13 @@ def test_a_new_shape_or_scalar_takes_another_signature():
     assert signature((x,), {}) != signature((x.double(),), {})
     assert signature((x,), {}) != signature((torch.empty(2, 16, device="meta"),), {})  # another device
     assert signature((x,), {}) != signature((), {"x": x})
+    plain = signature((x,), {})
+    with torch.autocast("cpu"):
+        assert signature((x,), {}) != plain
+    with torch.inference_mode():
+        assert signature((x,), {}) != plain
+    with torch.no_grad():
+        assert signature((x,), {}) != plain
     assert signature(([x],), {}) is None  # a structure: no signature, always torch.compile's path
 
 
