@@ -95,3 +95,17 @@ def cuda_unusable() -> str | None:
     with contextlib.suppress(Exception):  # a sticky error: nothing resets it in this process
         _CudaRecording(torch.cuda.current_device(), None).reset_generator()
     return reason
+
+
+def top_level_ops(events: Any) -> list[str]:
+    """Names of the ATen ops in profiler ``events`` that no other ATen op called (a call's own dispatches)."""
+
+    def nested(event: Any) -> bool:
+        parent = event.cpu_parent
+        while parent is not None:
+            if parent.name.startswith("aten::"):
+                return True
+            parent = parent.cpu_parent
+        return False
+
+    return [e.name for e in events if e.name.startswith("aten::") and not nested(e)]

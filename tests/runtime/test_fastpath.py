@@ -11,7 +11,7 @@ from torch import nn
 import airgraph
 from airgraph.runtime import fastpath
 from airgraph.runtime.simulated import SimulatedCuda
-from tests.helpers import assert_close, make_config
+from tests.helpers import assert_close, make_config, top_level_ops
 
 
 class Step(nn.Module):
@@ -157,17 +157,7 @@ def copies(fn) -> int:
     """Top-level copy_ and clone ops that ``fn()`` dispatches (an output copy, or an input into its buffer)."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         fn()
-    events = prof.events()
-    return sum(1 for e in events if e.name in ("aten::copy_", "aten::clone") and not _nested(e))
-
-
-def _nested(event) -> bool:
-    parent = event.cpu_parent
-    while parent is not None:
-        if parent.name.startswith("aten::"):
-            return True
-        parent = parent.cpu_parent
-    return False
+    return sum(1 for name in top_level_ops(prof.events()) if name in ("aten::copy_", "aten::clone"))
 
 
 def test_outputs_dropped_before_the_next_step_are_never_copied():

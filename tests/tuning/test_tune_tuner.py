@@ -17,7 +17,7 @@ from airgraph.models import build_tiny_llama, decode_inputs
 from airgraph.runtime.device import CpuRuntime
 from airgraph.runtime.simulated import SimulatedCuda
 from airgraph.tuning.bank import TUNED, BankFile
-from tests.helpers import assert_close, make_config
+from tests.helpers import assert_close, make_config, top_level_ops
 from tests.tuning.seed_format import validate
 
 
@@ -455,17 +455,7 @@ class _OpClock(CpuRuntime):
     def time(self, fn, args, iters):
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
             fn(list(args))
-        events = prof.events()
-        return 1e-6 * sum(1 for e in events if e.name.startswith("aten::") and not _under_an_op(e))
-
-
-def _under_an_op(event) -> bool:
-    parent = event.cpu_parent
-    while parent is not None:
-        if parent.name.startswith("aten::"):
-            return True
-        parent = parent.cpu_parent
-    return False
+        return 1e-6 * len(top_level_ops(prof.events()))
 
 
 def _call_cost(compiled, x, runtime) -> float:
