@@ -207,10 +207,11 @@ def decide(
     *,
     written: frozenset[int] | set[int] = frozenset(),
     eligible: Callable[[str], bool] = lambda name: True,
+    rounds: int = ROUNDS,
 ) -> Decision:
     """Time ``fns`` (one named "default") side by side and pick the fastest eligible one that :func:`beats` the
     default; measure again while no winner is found and the rounds are noisy (module docstring)."""
-    timings = time_side_by_side(fns, inputs, runtime, written=written)
+    timings = time_side_by_side(fns, inputs, runtime, written=written, rounds=rounds)
     for attempt in range(REPEATS + 1):
         winners = [n for n in fns if n != "default" and eligible(n) and beats(timings[n], timings["default"])]
         if winners:
@@ -218,7 +219,7 @@ def decide(
         quiet = all(t.spread <= NOISY for t in timings.values())
         if quiet or attempt == REPEATS:
             return Decision(timings, None, quiet)
-        more = time_side_by_side(fns, inputs, runtime, written=written)
+        more = time_side_by_side(fns, inputs, runtime, written=written, rounds=rounds)
         for name, timing in more.items():
             timings[name].rounds.extend(timing.rounds)
     raise AssertionError("unreachable")
