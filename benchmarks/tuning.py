@@ -293,17 +293,21 @@ def bench_model(name: str, rounds: int, work: Path, budget: float) -> dict[str, 
     # Issue #20's checks, per mode: the report's claim (the whole call) agrees with the fresh process within noise;
     # a claimed gain of 10% or more reaches the fresh process
     # (<= 0.9); tuning never leaves a model slower (<= 1.02); a second tuning run <= 0.2 of the first.
+    noise = abs(result["ratios"]["noise floor: untuned 2nd compile / untuned"] - 1)
     for mode in ("op", "subgraph"):
         tuning = result[f"{mode}_tuning"]
         fresh_ratio, claimed = tuning["fresh_process"]["tuned/untuned"], tuning["report_after_over_before"]
-        # Within noise: the two measurements' run-to-run spreads (relative interquartile ranges) added, at least 5%.
-        spreads = (tuning["report_call"] or {}).get("spread", 0.0) + max(tuning["fresh_process"]["spread"].values())
-        allowed = max(0.05, spreads)
+        # Within noise: 5%, plus how far identical code compiled twice measured apart here (the noise floor). The
+        # rounds' spreads are kept beside it: on this shared machine they reach 30% and would excuse anything.
+        allowed = 0.05 + noise
         tuning["checks"] = {
             "report_vs_fresh_gap": abs(claimed - fresh_ratio),
+            "spreads": {"report": (tuning["report_call"] or {}).get("spread"), **tuning["fresh_process"]["spread"]},
             "allowed_gap": allowed,
             "report_agrees_with_fresh": abs(claimed - fresh_ratio) <= allowed,
             "claimed_gain_reached": claimed > 0.9 or fresh_ratio <= 0.9,
+            # tuned / untuned of identical code (the bank chose nothing) is the noise floor again, not a slowdown
+            "changed": tuning["counts"]["repo_add_num"] + tuning["counts"]["repo_update_num"] > 0,
             "never_slower": fresh_ratio <= 1.02,
             "second_run_fast": tuning["second_run_over_first"] <= 0.2,
         }
