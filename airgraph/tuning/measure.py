@@ -7,11 +7,12 @@
   CPU, the simulator's cost model in tests): each ``time`` call is the median of ``iters`` calls after a warm-up
   call. Candidates are timed in interleaved rounds (default, a, b, default, a, b, ...), so load from other
   processes hits all of them alike; a candidate's time is the median of its rounds.
-- **Busy machines say so**: a verdict that the default won needs quiet measurements: while any variant's
-  run-to-run spread exceeds :data:`NOISY`, the rounds are measured again (up to :data:`REPEATS` more times, the
-  rounds pooled); still that noisy and no winner, the unit is *inconclusive*: reported with its spread, and no
-  memo goes into the bank (the next tuning run measures it again). A winner needs no quiet: it beats the default
-  by more than the spread (below).
+- **Busy machines say so**: a verdict that the default won needs quiet measurements, or a default that beats
+  every candidate as a winner must beat it (below): while neither holds, the rounds are measured again (up to
+  :data:`REPEATS` more times, the rounds pooled); still so, the unit is *inconclusive*: reported with its spread,
+  and no memo goes into the bank (the next tuning run measures it again). A winner needs no quiet: it beats the
+  default by more than the spread (below). (A 14 us GEMM whose candidates all took 31 to 70 us was inconclusive
+  on a 34% spread, and measured again by every later run.)
 - **Beating the default**: by more than the measured run-to-run spread, and by at least :data:`MIN_GAIN`: the
   candidate's median is at least 3% below the default's, and its rounds' interquartile range lies wholly below
   the default's (its third quartile under the default's first), so the gap between the two is wider than what
@@ -217,8 +218,10 @@ def decide(
         if winners:
             return Decision(timings, min(winners, key=lambda n: timings[n].median), True)
         quiet = all(t.spread <= NOISY for t in timings.values())
-        if quiet or attempt == REPEATS:
-            return Decision(timings, None, quiet)
+        # The default needs no quiet either when it beats every candidate (by more than their spreads).
+        clear = all(beats(timings["default"], timings[n]) for n in fns if n != "default" and eligible(n))
+        if quiet or clear or attempt == REPEATS:
+            return Decision(timings, None, quiet or clear)
         more = time_side_by_side(fns, inputs, runtime, written=written, rounds=rounds)
         for name, timing in more.items():
             timings[name].rounds.extend(timing.rounds)
