@@ -216,3 +216,18 @@ def test_on_the_cpu_the_route_calls_the_executor_and_checks_parameter_addresses(
         model.up.weight.data = model.up.weight.data.double().float() * 3  # new memory, same Parameter
         assert_close(fast(x), model(x))
     assert fast.fast_calls == calls + 1
+
+
+def test_reset_forgets_every_route_and_a_plain_compile_is_torch_compile():
+    model, x = Step().eval(), torch.randn(4, 16)
+    fast = fast_compile(model)
+    warm(fast, x)
+    fast.reset()  # after changing Python state the forward reads
+    calls = fast.fast_calls
+    with torch.no_grad():
+        fast(x), fast(x)  # seen once, then learned: both through torch.compile
+        assert fast.routes == 1 and fast.fast_calls == calls
+        assert_close(fast(x), model(x))
+    assert fast.fast_calls == calls + 1
+    plain = airgraph.compile(model, make_config(kernel_backend="aten"))
+    assert isinstance(plain, torch._dynamo.eval_frame.OptimizedModule)

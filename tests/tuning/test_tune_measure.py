@@ -67,7 +67,7 @@ def test_noise_that_settles_gives_a_verdict_from_the_pooled_rounds():
 def test_a_default_that_beats_every_candidate_needs_no_quiet_rounds():
     # Every other round slowed by half, as above, but every candidate takes more than twice the default's time: the
     # default won (the 14 us GEMM of issue #20 whose candidates took 31 to 70 us was called inconclusive).
-    decision, timer = run({"default": [10.0, 15.0], "a": [25.0, 37.5], "b": [40.0, 60.0]})
+    decision, _ = run({"default": [10.0, 15.0], "a": [25.0, 37.5], "b": [40.0, 60.0]})
     assert decision.winner is None and decision.conclusive and decision.spread > NOISY
     assert decision.rounds == ROUNDS  # decided on the first rounds: nothing measured again
     # One candidate within the noise of the default: no verdict, as before.
