@@ -274,6 +274,7 @@ class AirgraphBackend:
             input_views=input_views,
             host_split=split,
             observer=observer,
+            hand_out=kind == "inference",
         )
 
     def _observer(self, report: GraphReport, segments: list[Segment]) -> ShapeKeyObserver | None:

@@ -272,17 +272,21 @@ class GraphCapture:
         input_views: dict[int, int] | None = None,
         host_split: HostSplit | None = None,
         observer: ShapeKeyObserver | None = None,
+        hand_out: bool = True,
     ) -> None:
         """``input_views``: graph output position -> input position for outputs that are views of inputs (of the
         graph ``run`` executes: with ``host_split``, its device part's). ``host_split``: ``run`` is this HostSplit,
         whose host work runs around the replay. ``observer(key, args)`` is told of each new shape key, once, with
-        the first call's arguments (before they are used: static kernels record shapes there)."""
+        the first call's arguments (before they are used: static kernels record shapes there). ``hand_out``: outputs
+        may go to the caller without a copy (inference graphs; a training step's outputs are saved for its backward,
+        which holds them in ways that cannot be moved, so they are copied out)."""
         # AOTAutograd passes the inputs as one list. An instance attribute: AOTAutograd wraps the backward's
         # callable (torch._dynamo.disable, functools.wraps), which copies the instance's __dict__ only.
         self._boxed_call = True
         self._run = run
         self._split = host_split
         self._observer = observer
+        self._hand_out = hand_out
         self.device = device
         self._static = sorted(set(static_indices))
         self._static_set = frozenset(self._static)
@@ -547,7 +551,7 @@ class GraphCapture:
             if static_args[i].data_ptr() != args[i].data_ptr():
                 runtime.copy_(args[i], static_args[i])
         runtime.reading(entry.static_outputs)
-        if pool.copy_outputs:
+        if pool.copy_outputs or not self._hand_out:
             outputs = copy_out(entry.static_outputs, entry.outputs, static_args, args)
         else:  # pool.handed is empty: settled above
             outputs = hand_out(entry.static_outputs, entry.outputs, static_args, args, entry.handed)

@@ -98,7 +98,10 @@ MISS = _MISS
 
 
 def _count_assignment(*_: Any) -> None:
-    _assignments[0] += 1
+    # Not while Dynamo traces a forward that assigns a buffer (the counter would be a guarded global that changes
+    # every call: a recompile per call). The assignment Dynamo replays after its graph runs this hook for real.
+    if not torch.compiler.is_compiling():
+        _assignments[0] += 1
 
 
 def _install_hooks() -> None:

@@ -134,8 +134,10 @@ class Handed:
         if held != len(alive):
             return False
         copy = alive[0].untyped_storage().clone()
-        for t in alive:
-            t.set_(copy, t.storage_offset(), t.size(), t.stride())
+        # Same values elsewhere: not a write, so autograd (which may have saved the tensor) must not see one.
+        with torch.autograd._unsafe_preserve_version_counter(tuple(alive)):
+            for t in alive:
+                t.set_(copy, t.storage_offset(), t.size(), t.stride())
         self.handed = []
         return True
 

@@ -231,3 +231,32 @@ def test_reset_forgets_every_route_and_a_plain_compile_is_torch_compile():
     assert fast.fast_calls == calls + 1
     plain = airgraph.compile(model, make_config(kernel_backend="aten"))
     assert isinstance(plain, torch._dynamo.eval_frame.OptimizedModule)
+
+
+class AssignsABuffer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("last", torch.zeros(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.last = x.sum(0)  # a buffer assigned in forward (HF's rotary embeddings do so)
+        return x * 2
+
+
+def test_the_assignment_hooks_do_not_make_other_compiles_recompile():
+    """The fast path's global registration hooks run inside any forward Dynamo traces; they must not put a guard on
+    their counter there (a guarded global that changes every call recompiled an HF model every step)."""
+    fast_compile(Step().eval())  # installs the hooks
+    compiles = []
+
+    def counting(gm, example_inputs):
+        compiles.append(gm)
+        return gm.forward
+
+    model = AssignsABuffer()
+    compiled = torch.compile(model, backend=counting)
+    for i in range(4):
+        x = torch.full((3, 4), float(i))
+        assert_close(compiled(x), x * 2)
+        assert_close(model.last, x.sum(0))
+    assert len(compiles) == 1
