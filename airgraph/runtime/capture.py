@@ -31,8 +31,10 @@ user's tensor by then. So, as CUDAGraph Trees do, the workspaces are cleared bef
 each recording: the recording's GEMMs allocate their workspace inside the graph's private pool, which only this
 backend's graphs use, one replay at a time.
 
-Outputs (the documented policy): **outputs stay correct**, and are copied only when that needs it. A replay
-hands its outputs to the caller without a copy: new tensors (``detach``) on the graph's own memory. Before the
+Outputs (the documented policy): **outputs stay correct**, and are copied only when that needs it. A replay of
+an inference graph hands its outputs to the caller without a copy: new tensors (``detach``) on the graph's own
+memory (a training graph's outputs are copied out: autograd saves them for the backward in ways that cannot be
+moved). Before the
 next replay of any graph of the pool (which may overwrite that memory), ``MemoryPool.settle`` looks at each
 storage handed out (storage use counts, as CUDAGraph Trees read them): nobody holds it any more (a decode loop
 that took the next token and dropped the logits) -> nothing to do; only the handed tensors themselves hold it (a
