@@ -86,7 +86,7 @@ def _capture_and_key(fast: Any, tokens: torch.Tensor, pos: torch.Tensor) -> tupl
     args = route.template.copy()
     for position, index in route.slots:
         args[position] = (tokens, pos)[index]
-    return route.fast_call.__self__, route.entry, args
+    return route.fast_call.__self__, route.entry[0], args
 
 
 def _address_check_us(fast: Any, tokens: torch.Tensor, pos: torch.Tensor, calls: int) -> float:
@@ -98,7 +98,7 @@ def _address_check_us(fast: Any, tokens: torch.Tensor, pos: torch.Tensor, calls:
 
 
 def _static_count(fast: Any) -> int:
-    return len(next(iter(fast._routes.values())).entry.static_checked)
+    return len(next(iter(fast._routes.values())).entry[0].static_checked)
 
 
 def run(preset: str, calls: int, rounds: int) -> dict[str, Any]:

@@ -143,7 +143,7 @@ class _Key:
     # HostSplit only: the key's static host values, and (static buffer, transfer) pairs refilled per call.
     statics: list[Any] = field(default_factory=list)
     refill: list[tuple[torch.Tensor, Any]] = field(default_factory=list)
-    expanded: dict[int, tuple[int, ...]] = field(default_factory=dict)  # copied input -> its expanded dims
+    copies: list[tuple[int, Any, tuple[int, ...]]] = field(default_factory=list)  # (input, its buffer, expanded dims)
     copy_back: tuple[int, ...] = ()  # mutated inputs copied back from their buffers after a replay
     recaptures: int = 0  # times static inputs moved (each drops the graph; re-recorded up to MAX_RECAPTURES)
     outputs: list[tuple] = field(default_factory=list)  # runtime.outputs.output_plan
@@ -370,23 +370,30 @@ class GraphCapture:
             self._record(entry, keep, *buffers)
         return outputs
 
-    def fast_call(self, args: list, entry: Any = None) -> Any:
+    def fast_call(self, args: list, entry: Any = None, statics: tuple = ()) -> Any:
         """A call from the fast path (runtime/fastpath.py): the replay of a recorded key (``entry``: the key's
         state, as :meth:`fast_entry` gave it) whose static inputs are where they were; anything else (a key warming
         up, not captured, or whose parameters moved) is :data:`MISS`, left to ``torch.compile`` (whose guards
         recompile for a new dtype or device)."""
         if entry is None:
             entry = self.fast_entry(args)
-        if entry is None or entry.state is not CaptureState.CAPTURED or self._static_moved(args, entry):
+        if entry is None or entry.state is not CaptureState.CAPTURED:
             return MISS
-        return self._replay(entry, args)
+        if statics and _PTRS_EQUAL is None:  # the route's statics (the same tensors every call), in order
+            moved = list(map(_data_ptr, statics)) != entry.checked_ptrs
+        else:
+            moved = self._static_moved(args, entry)
+        return MISS if moved else self._replay(entry, args)
 
-    def fast_entry(self, args: list) -> _Key | None:
-        """The state of the key of ``args``, once it is recorded (the fast path keeps it per route)."""
+    def fast_entry(self, args: list) -> tuple[_Key, tuple] | None:
+        """The state of the key of ``args`` once it is recorded, and its static inputs (the tensors at the checked
+        positions of ``args``); the fast path keeps both per route."""
         if self._uncapturable:
             return None
         entry = self._keys.get(self._key(args))
-        return entry if entry is not None and entry.state is CaptureState.CAPTURED else None
+        if entry is None or entry.state is not CaptureState.CAPTURED:
+            return None
+        return entry, tuple(args[i] for i in entry.static_checked)
 
     def _new_key(self) -> _Key:
         captured = sum(1 for k in self._keys.values() if k.state is not CaptureState.UNCAPTURED)
@@ -411,7 +418,7 @@ class GraphCapture:
             for buffer in entry.owned:
                 self._runtime.record_stream(buffer, last)
         entry.graph, entry.static_args, entry.static_outputs, entry.outputs = None, [], (), []
-        entry.handed, entry.handed_storages = [], []
+        entry.handed, entry.handed_storages, entry.copies = [], [], []
         entry.statics, entry.refill, entry.owned = [], [], []
 
     def _warmup(self, args: list) -> Any:
@@ -493,7 +500,7 @@ class GraphCapture:
             (storage(args[i]), weakref.ref(args[i])) for i in self._static if isinstance(args[i], torch.Tensor)
         )
         entry.copy_indices = tuple(i for i in range(len(args)) if static_args[i] is not args[i])
-        entry.expanded = {i: expanded_dims(static_args[i]) for i in entry.copy_indices}
+        entry.copies = [(i, static_args[i], expanded_dims(static_args[i])) for i in entry.copy_indices]
         entry.copy_back = tuple(i for i in self._mutated if i in entry.copy_indices)
         entry.outputs = output_plan(static_outputs, static_args, len(args), entry.copy_indices, self._input_views)
         entry.handed = handed_records(static_outputs, entry.outputs)
@@ -529,21 +536,21 @@ class GraphCapture:
         pool = self._pool
         if pool.handed and not pool.settle():
             return self._held(args)
-        static_args, runtime = entry.static_args, self._runtime
-        stream = runtime.current_stream(self.device)
-        last = self._pool.last_stream.get(self.device)
-        if last is not None and last != stream:
-            stream.wait_stream(last)  # graphs share the pool's memory: the last replay's stream goes first
-        self._pool.last_stream[self.device] = stream
+        static_args, runtime, device = entry.static_args, self._runtime, self.device
+        stream = runtime.current_stream(device)
+        last = pool.last_stream.get(device)
+        if last is not stream:
+            if last is not None and last != stream:
+                stream.wait_stream(last)  # graphs share the pool's memory: the last replay's stream goes first
+            pool.last_stream[device] = stream
         split, values = self._split, None
         if split is not None:  # the host prologue, then its values into the graph's buffers
             values = [*args, *entry.statics, *split.run_per_call(args, entry.statics)]
             for buffer, transfer in entry.refill:
                 refill(transfer, buffer, values[transfer.source], runtime)
-        for i in entry.copy_indices:
-            buffer, a = static_args[i], args[i]
+        for i, buffer, dims in entry.copies:
+            a = args[i]
             if buffer.data_ptr() != a.data_ptr():
-                dims = entry.expanded[i]
                 if dims:
                     buffer, a = one_per_expanded(buffer, dims), one_per_expanded(a, dims)
                 runtime.copy_(buffer, a)

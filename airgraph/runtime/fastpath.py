@@ -56,6 +56,8 @@ _hooks_installed = False
 
 _SCALARS = (int, float, bool, str, type(None))
 _any_autocast = torch._C._is_any_autocast_enabled  # autocast on any device type
+_grad, _inference = torch.is_grad_enabled, torch.is_inference_mode_enabled
+Tensor = torch.Tensor
 _increment_version = torch._C._increment_version  # torch.autograd.graph.increment_version, without its checks
 _MISS = object()
 
@@ -119,12 +121,13 @@ def _install_hooks() -> None:
 def _signature(args: tuple, kwargs: dict) -> tuple | None:
     """The call's signature: grad mode, inference mode, autocast, and per argument its tensor metadata or its
     value; None when an argument is neither a tensor nor a plain scalar (a nested structure, an object)."""
-    parts: list[Any] = [torch.is_grad_enabled(), torch.is_inference_mode_enabled(), _any_autocast()]
-    for value in (*args, *kwargs.values()):
-        if isinstance(value, torch.Tensor):
-            parts.append((value.dtype, value.shape, value.stride(), value.device, value.requires_grad))
+    parts: list[Any] = [_grad(), _inference(), _any_autocast()]
+    add = parts.extend
+    for value in (*args, *kwargs.values()) if kwargs else args:
+        if isinstance(value, Tensor):
+            add((value.dtype, value.shape, value.stride(), value.device, value.requires_grad))
         elif isinstance(value, _SCALARS):
-            parts.append((type(value), value))
+            add((type(value), value))
         else:
             return None
     if kwargs:
@@ -147,6 +150,7 @@ class _Route:
         epoch: int,
     ) -> None:
         self.fast_call, self.template, self.slots = direct.fast_call, template, slots
+        self.slot_positions = {position for position, _ in slots}
         self.fast_entry = getattr(direct.run, "fast_entry", None)  # a GraphCapture: its key's state, once recorded
         self.entry: Any = None
         self.build, self.epoch = build, epoch
@@ -174,10 +178,14 @@ class _Route:
             outputs = self.fast_call(args)
         else:
             if self.entry is None:
-                self.entry = self.fast_entry(args)
-                if self.entry is None:
+                found = self.fast_entry(args)  # (the key's state, its static inputs)
+                if found is None:
                     return _MISS
-            outputs = self.fast_call(args, self.entry)
+                key, statics = found
+                # Static inputs are the same tensors every call unless one is a call's argument (an input that
+                # views a parameter's memory): then the capture reads them from each call's arguments.
+                self.entry = (key, statics if not self.slot_positions & set(key.static_checked) else ())
+            outputs = self.fast_call(args, *self.entry)
         if outputs is _MISS:
             return _MISS
         return self.build(outputs, values)
@@ -210,7 +218,7 @@ class FastPath:
         signature = _signature(args, kwargs)
         route = self._routes.get(signature) if signature is not None else None
         if route is not None:
-            result = route([*args, *kwargs.values()])
+            result = route((*args, *kwargs.values()) if kwargs else args)
             if result is not _MISS:
                 self.fast_calls += 1
                 return result

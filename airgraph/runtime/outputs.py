@@ -11,6 +11,8 @@ from typing import Any
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
+_use_count = torch._C._storage_Use_Count
+
 __all__ = [
     "Handed",
     "copy_out",
@@ -123,10 +125,9 @@ class Handed:
         """Make the memory free to overwrite: nothing holds it (done), or only the handed tensors do (each is moved
         to a copy of the storage, offsets kept: one copy for all of them). False: something else holds it (a view
         of a handed tensor, autograd): it cannot be moved, and the memory must not be overwritten."""
-        if self.storage.expired():  # the graph was dropped and nobody holds its memory
-            self.handed = []
-            return True
-        held = torch._C._storage_Use_Count(self.storage.cdata) - self.held_at_recording
+        # 0 once the storage is gone (the graph was dropped and nobody held it): the weak reference keeps the
+        # StorageImpl's object, as CUDAGraph Trees rely on.
+        held = _use_count(self.storage.cdata) - self.held_at_recording
         if held <= 0:
             self.handed = []
             return True
