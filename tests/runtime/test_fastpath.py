@@ -36,10 +36,16 @@ def warm(fast, *args, calls: int = 4):
             fast(*args)
 
 
-def test_a_recorded_key_is_called_past_torch_compile_and_equals_eager(monkeypatch):
+def warmed_step():
+    """A Step, an input, and the Step's fast path with a route for that input."""
     model, x = Step().eval(), torch.randn(4, 16)
     fast = fast_compile(model)
     warm(fast, x)
+    return model, x, fast
+
+
+def test_a_recorded_key_is_called_past_torch_compile_and_equals_eager(monkeypatch):
+    model, x, fast = warmed_step()
     assert fast.routes == 1 and not fast.refused
     monkeypatch.setattr(fast, "compiled", None)  # torch.compile's path is not taken any more
     before = fast.fast_calls
@@ -87,9 +93,7 @@ def test_grad_mode_leaves_the_fast_path():
 
 
 def test_an_assigned_parameter_is_learned_again():
-    model, x = Step().eval(), torch.randn(4, 16)
-    fast = fast_compile(model)
-    warm(fast, x)
+    model, x, fast = warmed_step()
     calls = fast.fast_calls
     model.up.weight = nn.Parameter(torch.randn_like(model.up.weight))
     with torch.no_grad():
@@ -100,9 +104,7 @@ def test_an_assigned_parameter_is_learned_again():
 
 
 def test_a_moved_parameter_is_left_to_torch_compile():
-    model, x = Step().eval(), torch.randn(4, 16)
-    fast = fast_compile(model)
-    warm(fast, x)
+    model, x, fast = warmed_step()
     calls = fast.fast_calls
     with torch.no_grad():
         model.down.weight.data = model.down.weight.data * 2  # new memory, same Parameter object
@@ -161,9 +163,7 @@ def copies(fn) -> int:
 
 
 def test_outputs_dropped_before_the_next_step_are_never_copied():
-    model, x = Step().eval(), torch.randn(4, 16)
-    fast = fast_compile(model)
-    warm(fast, x)
+    model, x, fast = warmed_step()
     with torch.no_grad():
         dropped = [copies(lambda: fast(x).sum()) for _ in range(3)]  # each step's output dropped at once
         assert not fast.backend._pool.copy_outputs
@@ -219,9 +219,7 @@ def test_on_the_cpu_the_route_calls_the_executor_and_checks_parameter_addresses(
 
 
 def test_reset_forgets_every_route_and_a_plain_compile_is_torch_compile():
-    model, x = Step().eval(), torch.randn(4, 16)
-    fast = fast_compile(model)
-    warm(fast, x)
+    model, x, fast = warmed_step()
     fast.reset()  # after changing Python state the forward reads
     calls = fast.fast_calls
     with torch.no_grad():
