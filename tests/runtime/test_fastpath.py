@@ -45,7 +45,7 @@ def warmed_step():
 
 
 def test_a_recorded_key_is_called_past_torch_compile_and_equals_eager(monkeypatch):
-    model, x, fast = warmed_step()
+    model, _, fast = warmed_step()
     assert fast.routes == 1 and not fast.refused
     monkeypatch.setattr(fast, "compiled", None)  # torch.compile's path is not taken any more
     before = fast.fast_calls
@@ -163,7 +163,7 @@ def copies(fn) -> int:
 
 
 def test_outputs_dropped_before_the_next_step_are_never_copied():
-    model, x, fast = warmed_step()
+    _, x, fast = warmed_step()
     with torch.no_grad():
         dropped = [copies(lambda: fast(x).sum()) for _ in range(3)]  # each step's output dropped at once
         assert not fast.backend._pool.copy_outputs
