@@ -172,8 +172,7 @@ class _Route:
         args = self.template.copy()
         for position, index in self.slots:
             args[position] = values[index]
-        if self.bumps:
-            _increment_version(self.bumped or tuple(args[i] for i in self.bumps))
+        bumped = (self.bumped or tuple(args[i] for i in self.bumps)) if self.bumps else ()  # the call empties args
         if self.fast_entry is None:
             outputs = self.fast_call(args)
         else:
@@ -188,6 +187,8 @@ class _Route:
             outputs = self.fast_call(args, *self.entry)
         if outputs is _MISS:
             return _MISS
+        if bumped:  # only for a call that ran: a missed one goes through AOTAutograd, which bumps them itself
+            _increment_version(bumped)
         return self.build(outputs, values)
 
 
@@ -327,7 +328,8 @@ def _builder(result: Any, outputs: Any, by_id: dict[int, int]) -> Callable[[list
     if isinstance(result, torch.Tensor) and plan[0][0] == "out":
         j = plan[0][1]
         return lambda outs, values: outs[j]
-    if type(result) in (tuple, list) and all(kind == "out" for kind, _ in plan) and len(plan) == len(leaves):
+    flat = type(result) in (tuple, list) and len(result) == len(leaves)  # no nesting: each element a leaf
+    if flat and all(kind == "out" for kind, _ in plan):
         picks, kind_of = [j for _, j in plan], type(result)
         return lambda outs, values: kind_of(outs[j] for j in picks)
 

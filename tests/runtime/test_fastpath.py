@@ -258,3 +258,21 @@ def test_the_assignment_hooks_do_not_make_other_compiles_recompile():
         assert_close(compiled(x), x * 2)
         assert_close(model.last, x.sum(0))
     assert len(compiles) == 1
+
+
+class Nested(Step):
+    def forward(self, x: torch.Tensor) -> tuple:
+        y = super().forward(x)
+        return (y, y * 2), y + 1
+
+
+def test_a_nested_result_keeps_its_structure():
+    model, x = Nested().eval(), torch.randn(4, 16)
+    fast = fast_compile(model)
+    warm(fast, x)
+    calls = fast.fast_calls
+    with torch.no_grad():
+        (a, b), c = fast(x)
+        (want_a, want_b), want_c = model(x)
+    assert fast.fast_calls == calls + 1
+    assert_close(a, want_a) and assert_close(b, want_b) and assert_close(c, want_c)
