@@ -323,11 +323,12 @@ class GraphCapture:
                 ptrs[i] = args[i].data_ptr()
         return ptrs
 
-    def _static_moved(self, args: list, entry: _Key) -> bool:
-        """Whether a static input's address differs from the recording's (a parameter or buffer moved)."""
+    def _static_moved(self, args: list, entry: _Key, statics: tuple = ()) -> bool:
+        """Whether a static input's address differs from the recording's (a parameter or buffer moved).
+        ``statics``: those inputs when the caller already has them (the fast path: the same tensors every call)."""
         if _PTRS_EQUAL is not None:  # CUDA builds: the check CUDAGraph Trees use, in C++
             return not _PTRS_EQUAL(args, entry.static_ptrs, entry.static_checked)
-        return list(map(_data_ptr, entry.static_getter(args))) != entry.checked_ptrs
+        return list(map(_data_ptr, statics or entry.static_getter(args))) != entry.checked_ptrs
 
     # -- calls -------------------------------------------------------------------------------------------
     def __call__(self, args: list) -> Any:
@@ -377,13 +378,9 @@ class GraphCapture:
         recompile for a new dtype or device)."""
         if entry is None:
             entry = self.fast_entry(args)
-        if entry is None or entry.state is not CaptureState.CAPTURED:
+        if entry is None or entry.state is not CaptureState.CAPTURED or self._static_moved(args, entry, statics):
             return MISS
-        if statics and _PTRS_EQUAL is None:  # the route's statics (the same tensors every call), in order
-            moved = list(map(_data_ptr, statics)) != entry.checked_ptrs
-        else:
-            moved = self._static_moved(args, entry)
-        return MISS if moved else self._replay(entry, args)
+        return self._replay(entry, args)
 
     def fast_entry(self, args: list) -> tuple[_Key, tuple] | None:
         """The state of the key of ``args`` once it is recorded, and its static inputs (the tensors at the checked

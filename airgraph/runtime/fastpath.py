@@ -46,7 +46,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-__all__ = ["Direct", "FastPath"]
+__all__ = ["MISS", "Direct", "FastPath"]
 
 # The calls of Direct graphs seen while a FastPath learns a signature (None: nobody is learning).
 _learning: list[_Seen] | None = None
@@ -57,9 +57,9 @@ _hooks_installed = False
 _SCALARS = (int, float, bool, str, type(None))
 _any_autocast = torch._C._is_any_autocast_enabled  # autocast on any device type
 _grad, _inference = torch.is_grad_enabled, torch.is_inference_mode_enabled
-Tensor = torch.Tensor
+_Tensor = torch.Tensor
 _increment_version = torch._C._increment_version  # torch.autograd.graph.increment_version, without its checks
-_MISS = object()
+MISS = object()  # what a graph's fast_call returns for a call it leaves to torch.compile
 
 
 @dataclass
@@ -96,9 +96,6 @@ class Direct:
         return outputs
 
 
-MISS = _MISS
-
-
 def _count_assignment(*_: Any) -> None:
     # Not while Dynamo traces a forward that assigns a buffer (the counter would be a guarded global that changes
     # every call: a recompile per call). The assignment Dynamo replays after its graph runs this hook for real.
@@ -124,7 +121,7 @@ def _signature(args: tuple, kwargs: dict) -> tuple | None:
     parts: list[Any] = [_grad(), _inference(), _any_autocast()]
     add = parts.extend
     for value in (*args, *kwargs.values()) if kwargs else args:
-        if isinstance(value, Tensor):
+        if isinstance(value, _Tensor):
             add((value.dtype, value.shape, value.stride(), value.device, value.requires_grad))
         elif isinstance(value, _SCALARS):
             add((type(value), value))
@@ -165,10 +162,10 @@ class _Route:
 
     def __call__(self, values: list[Any]) -> Any:
         if self.epoch != _assignments[0]:
-            return _MISS
+            return MISS
         for tensor, ptr in self.checked:
             if tensor.data_ptr() != ptr:
-                return _MISS
+                return MISS
         args = self.template.copy()
         for position, index in self.slots:
             args[position] = values[index]
@@ -179,14 +176,14 @@ class _Route:
             if self.entry is None:
                 found = self.fast_entry(args)  # (the key's state, its static inputs)
                 if found is None:
-                    return _MISS
+                    return MISS
                 key, statics = found
                 # Static inputs are the same tensors every call unless one is a call's argument (an input that
                 # views a parameter's memory): then the capture reads them from each call's arguments.
                 self.entry = (key, statics if not self.slot_positions & set(key.static_checked) else ())
             outputs = self.fast_call(args, *self.entry)
-        if outputs is _MISS:
-            return _MISS
+        if outputs is MISS:
+            return MISS
         if bumped:  # only for a call that ran: a missed one goes through AOTAutograd, which bumps them itself
             _increment_version(bumped)
         return self.build(outputs, values)
@@ -220,7 +217,7 @@ class FastPath:
         route = self._routes.get(signature) if signature is not None else None
         if route is not None:
             result = route((*args, *kwargs.values()) if kwargs else args)
-            if result is not _MISS:
+            if result is not MISS:
                 self.fast_calls += 1
                 return result
             if route.epoch != _assignments[0]:

@@ -205,6 +205,6 @@ def handed_records(static_outputs: Sequence[Any], plan: list[tuple]) -> list[Han
         key = storage(out)
         if key not in records:
             ref = StorageWeakRef(out.untyped_storage())
-            records[key] = Handed(ref, torch._C._storage_Use_Count(ref.cdata))
+            records[key] = Handed(ref, _use_count(ref.cdata))
         result.append(records[key])
     return result
