@@ -157,6 +157,26 @@ def test_a_crash_mid_install_leaves_the_library_as_it_was(tmp_path, when):
     assert sorted(check_library(library)["kernels"]) == ["g/a", "g/b", "g/c"]
 
 
+def start_together(script: str, library: KernelLibrary, packages: list[Path]) -> list:
+    """One process per package running ``script`` (argv: the library's folder, the package), each waiting for
+    :func:`go`, so that they race."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    command = [sys.executable, "-c", script, str(library.root)]
+    pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
+    return [subprocess.Popen([*command, str(p)], text=True, env=env, **pipes) for p in packages]
+
+
+def go(procs: list) -> list[tuple[str, str]]:
+    """Start the processes of :func:`start_together` at once; their (stdout, stderr), once all have exited."""
+    for proc in procs:
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+    return [proc.communicate(timeout=120) for proc in procs]
+
+
 INSTALL = """
 import sys
 from airgraph.kernels.library import KernelLibrary
@@ -166,8 +186,6 @@ print(KernelLibrary(sys.argv[1]).install(sys.argv[2]).added)
 
 
 def test_four_processes_installing_at_once_lose_nothing_and_tear_nothing(tmp_path):
-    import subprocess
-    import sys
 
     library = KernelLibrary(tmp_path / "lib")
     packages = [
@@ -179,18 +197,7 @@ def test_four_processes_installing_at_once_lose_nothing_and_tear_nothing(tmp_pat
         for i in range(4)
     ]
     newest = read_manifest(packages[3])["kernels"][2]["files"]
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", INSTALL, str(library.root), str(p)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        for p in packages
-    ]
+    procs = start_together(INSTALL, library, packages)
     problems: list[str] = []
     stop = threading.Event()
 
@@ -208,10 +215,7 @@ def test_four_processes_installing_at_once_lose_nothing_and_tear_nothing(tmp_pat
 
     reader = threading.Thread(target=read_while_installing)
     reader.start()
-    for proc in procs:
-        proc.stdin.write("go\n")
-        proc.stdin.flush()
-    outputs = [proc.communicate(timeout=120) for proc in procs]
+    outputs = go(procs)
     stop.set()
     reader.join()
     assert [p.returncode for p in procs] == [0, 0, 0, 0], [err for _, err in outputs]
@@ -353,30 +357,14 @@ print(answer)
 def test_processes_finding_the_same_damaged_entry_build_it_again_once(tmp_path):
     """Four processes find g/a's file damaged at once: one claims it and installs its rebuild; the others run on
     (the claim is taken, or the entry was replaced meanwhile, or they read the repaired index); nothing torn."""
-    import subprocess
-    import sys
 
     library = KernelLibrary(tmp_path / "lib")
     library.install(make_package(tmp_path / "p.zip", {"g/a": "2026-01-01", "g/b": "2026-01-01"}))
     before = library.read_index()
     _flip_middle_byte(library.folder(before["kernels"]["g/a"]) / "kernel.pt2")
     rebuilds = [make_package(tmp_path / f"r{i}.zip", {"g/a": "2026-01-01"}) for i in range(4)]
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", REPAIR, str(library.root), str(r)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        for r in rebuilds
-    ]
-    for proc in procs:
-        proc.stdin.write("go\n")
-        proc.stdin.flush()
-    outputs = [proc.communicate(timeout=120) for proc in procs]
+    procs = start_together(REPAIR, library, rebuilds)
+    outputs = go(procs)
     assert [p.returncode for p in procs] == [0, 0, 0, 0], [err for _, err in outputs]
     answers = [out.strip() for out, _ in outputs]
     claimed = [a.split()[1] for a in answers if a.startswith("claimed")]
