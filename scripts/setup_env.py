@@ -22,6 +22,7 @@ import even on a CPU), plus whichever of torch's requirements the project venv d
 from __future__ import annotations
 
 import os
+import re
 import site
 import subprocess
 import sys
@@ -149,7 +150,20 @@ def main(argv: list[str]) -> int:
         missing = ["(not checked)"]
     if missing:
         print(f"setup: installing with pip (missing: {', '.join(missing)})", flush=True)
-        pip_install(python)
+        try:
+            pip_install(python)
+        except subprocess.CalledProcessError:
+            # A machine without a package index (the GPU machine lacks ruff and mpich, extras only): airgraph runs
+            # without its extras, so it is linked all the same; what the extras serve (lint, MPI ranks) is skipped.
+            core = {re.split(r"[<>=!~ \[]", spec, maxsplit=1)[0] for spec in _project()["dependencies"]}
+            if missing == ["(not checked)"] or any(re.split(r"[<>=!~ \[]", m, maxsplit=1)[0] in core for m in missing):
+                raise
+            print(
+                f"setup: pip could not install the extras {', '.join(missing)} (no package index?); airgraph "
+                "linked from the checkout without them",
+                flush=True,
+            )
+            link_airgraph(python)
     else:
         print("setup: every requirement is installed already; airgraph linked from the checkout (no pip)", flush=True)
         link_airgraph(python)

@@ -54,3 +54,31 @@ def test_a_missing_requirement_sends_setup_to_pip(monkeypatch):
     assert missing[0] == "airgraph-no-such-package>=1"
     assert missing[1].startswith("torch>=999 (found 2.")
     assert len(missing) == 2  # everything else is installed here
+
+
+def _offline_main(monkeypatch, tmp_path, missing: list[str]) -> list[Path]:
+    """setup_env.main where pip cannot reach an index and ``missing`` is what the venv lacks; the venvs linked."""
+    setup_env = _setup_env()
+    linked = []
+    monkeypatch.setattr(setup_env, "make_venv", lambda path: path / "bin" / "python")
+    monkeypatch.setattr(setup_env, "missing_requirements", lambda python: list(missing))
+
+    def no_index(python):
+        raise subprocess.CalledProcessError(1, ["pip", "install"])
+
+    monkeypatch.setattr(setup_env, "pip_install", no_index)
+    monkeypatch.setattr(setup_env, "link_airgraph", linked.append)
+    assert setup_env.main(["setup_env.py", str(tmp_path / "venv")]) == 0
+    return linked
+
+
+def test_extras_pip_cannot_install_leave_airgraph_linked(monkeypatch, tmp_path, capsys):
+    # The GPU machine: every dependency installed, ruff and mpich (test extras) not, no package index.
+    linked = _offline_main(monkeypatch, tmp_path, ["ruff>=0.6", "mpich"])
+    assert linked == [tmp_path / "venv" / "bin" / "python"]
+    assert "pip could not install the extras ruff>=0.6, mpich" in capsys.readouterr().out
+
+
+def test_a_missing_dependency_pip_cannot_install_fails_setup(monkeypatch, tmp_path):
+    with pytest.raises(subprocess.CalledProcessError):
+        _offline_main(monkeypatch, tmp_path, ["rich>=13 (found 12.0)", "mpich"])
