@@ -114,8 +114,13 @@ from airgraph.runtime.outputs import (
 
 log = logging.getLogger("airgraph")
 
-# Re-recordings of one shape key because static inputs moved, before the key runs uncaptured for good.
+# Static inputs that move often: a recording that served fewer than PAID_REPLAYS replays before its static inputs
+# moved did not pay for itself; after MAX_RECAPTURES such recordings in a row the key runs uncaptured for good (they
+# move every call or so: recording would cost every call). A recording that served more resets the count: HF
+# ``generate`` makes a new static cache (addresses marked static) per call and replays it once per new token, so
+# one re-recording per generate call is what its users want (CUDAGraph Trees re-record such inputs too).
 MAX_RECAPTURES = 3
+PAID_REPLAYS = 8
 
 # all(tensors[i].data_ptr() == ptrs[i] for i in indices), in C++; bound in CUDA builds of PyTorch only.
 _PTRS_EQUAL = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)
@@ -145,7 +150,9 @@ class _Key:
     refill: list[tuple[torch.Tensor, Any]] = field(default_factory=list)
     copies: list[tuple[int, Any, tuple[int, ...]]] = field(default_factory=list)  # (input, its buffer, expanded dims)
     copy_back: tuple[int, ...] = ()  # mutated inputs copied back from their buffers after a replay
-    recaptures: int = 0  # times static inputs moved (each drops the graph; re-recorded up to MAX_RECAPTURES)
+    recaptures: int = 0  # times static inputs moved (each drops the graph and records it again)
+    quick_moves: int = 0  # of those in a row, the moves that came before the recording paid (PAID_REPLAYS)
+    replays_at_record: int = 0  # ``replays`` when the current graph was recorded
     outputs: list[tuple] = field(default_factory=list)  # runtime.outputs.output_plan
     handed: list[Any] = field(default_factory=list)  # runtime.outputs.handed_records, per output
     handed_storages: list[Handed] = field(default_factory=list)  # the records of the pool-memory storages
@@ -345,13 +352,16 @@ class GraphCapture:
                 self._moved |= {i for i in entry.static_checked if i not in self._static_set and _moved(args, entry, i)}
                 log.info("airgraph: graph %d: a parameter or buffer moved; re-capturing", self._report.id)
                 entry.recaptures += 1
+                paid = entry.replays - entry.replays_at_record >= PAID_REPLAYS
+                entry.quick_moves = 0 if paid else entry.quick_moves + 1
                 self._drop(entry)
                 entry.state, entry.warmups = CaptureState.WARMUP, self._warmup_iters - 1
-                if entry.recaptures > MAX_RECAPTURES:  # they move every call: recording would cost every call
+                if entry.quick_moves > MAX_RECAPTURES:  # they move every call: recording would cost every call
                     entry.state = CaptureState.UNCAPTURED
                     reason = (
-                        f"parameters or buffers moved {entry.recaptures} times (new tensors assigned between "
-                        "calls?); this shape key runs uncaptured: update them in place (copy_) to keep replaying"
+                        f"parameters or buffers moved {entry.quick_moves} times in a row, each within "
+                        f"{PAID_REPLAYS} replays of its recording (new tensors assigned between calls?); this shape "
+                        "key runs uncaptured: update them in place (copy_) to keep replaying"
                     )
                     self._report.uncaptured_reason = reason
                     log.warning("airgraph: graph %d: %s", self._report.id, reason)
@@ -502,7 +512,7 @@ class GraphCapture:
         entry.outputs = output_plan(static_outputs, static_args, len(args), entry.copy_indices, self._input_views)
         entry.handed = handed_records(static_outputs, entry.outputs)
         entry.handed_storages = list({id(h): h for h in entry.handed if h is not None}.values())
-        entry.state = CaptureState.CAPTURED
+        entry.state, entry.replays_at_record = CaptureState.CAPTURED, entry.replays
         self._report.captured = True
         if entry.recaptures:
             self._report.recaptures += 1  # recorded again (a parameter moved)

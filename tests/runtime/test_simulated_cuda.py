@@ -16,6 +16,7 @@ from airgraph import ops, scope
 from airgraph.runtime import executor
 from airgraph.runtime.capture import CaptureState
 from airgraph.runtime.simulated import SimulatedCuda, StreamRaceError
+from airgraph.runtime.simulated_state import SimGraph
 from tests.helpers import assert_close, compile_with
 from tests.streams.models import SeedModel
 from tests.streams.test_streams_property import build, step
@@ -428,6 +429,43 @@ def test_parameters_replaced_every_call_stop_the_recordings_with_one_warning(cap
     assert report.recaptures == capture_module.MAX_RECAPTURES  # recorded again 3 times; the 4th move gives up
     assert "update them in place" in report.uncaptured_reason
     assert sum("moved" in r.getMessage() and r.levelno == logging.WARNING for r in caplog.records) == 1
+
+
+def test_a_static_cache_made_per_generate_call_is_recorded_again_each_call_and_never_given_up(caplog, monkeypatch):
+    """HF ``generate`` with a static cache: each call makes new cache tensors (marked static, updated in place by
+    the step) and runs one decode step per new token. Each generate call records the step once more; the key is
+    never given up (an H200 run of benchmarks/hf_generate.py ran uncaptured after the 4th generate call)."""
+
+    def step(token, cache, pos):
+        cache.index_copy_(0, pos, token)
+        return cache.sum(0) * 2
+
+    replays, replay = [0], SimGraph.replay
+
+    def counted(graph):
+        replays[0] += 1
+        return replay(graph)
+
+    monkeypatch.setattr(SimGraph, "replay", counted)
+    sim = SimulatedCuda()
+    compiled, backend = compile_with(step, runtime=sim, mode="reduce-overhead", kernel_backend="aten")
+    generates, tokens = 6, 3 * capture_module.PAID_REPLAYS
+    with caplog.at_level(logging.WARNING, logger="airgraph"), torch.no_grad():
+        for _ in range(generates):
+            cache, expected = torch.zeros(tokens, 4), torch.zeros(tokens, 4)
+            torch._dynamo.mark_static_address(cache)
+            for t in range(tokens):
+                token, pos = torch.randn(1, 4), torch.tensor([t])
+                with sim.call():
+                    got = compiled(token, cache, pos)
+                assert_close(got, step(token, expected, pos))
+            assert_close(cache, expected)
+    sim.check()
+    (report,) = backend.reports
+    assert report.captured and report.uncaptured_reason is None and report.recaptures == generates - 1
+    # each generate call's first token warms up and records (one call: recording executes nothing); the rest replay
+    assert replays == [generates * (tokens - 1)]
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
 
 
 def shifted_rows(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
