@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from typing import Any
 
 import torch
 
@@ -27,26 +28,50 @@ from airgraph.bench.results import environment, write_json
 from airgraph.models import build_tiny_llama, decode_inputs, prefill_inputs
 
 
-def replay_host_cost_us(preset: str, bursts: int = 20, calls: int = 20, *, fast_path: bool = False) -> float:
-    model = build_tiny_llama(preset, device="cuda")
+def _step(model: torch.nn.Module, variant: str) -> Any:
+    """The decode step of ``variant``: "airgraph" (reduce-overhead through torch.compile), "airgraph fast-path",
+    or "torch.compile" (its reduce-overhead mode)."""
+    torch._dynamo.reset()
+    if variant == "torch.compile":
+        return torch.compile(model, mode="reduce-overhead", fullgraph=True)
     config = airgraph.CompilerConfig()
     config.mode = "reduce-overhead"
-    torch._dynamo.reset()
-    step = airgraph.compile(model, config, fast_path=fast_path, fullgraph=True)
+    return airgraph.compile(model, config, fast_path=variant == "airgraph fast-path", fullgraph=True)
+
+
+def host_cost_us(preset: str, variant: str, bursts: int = 20, calls: int = 20, device: str = "cuda") -> dict[str, Any]:
+    """Host time to issue one decode call of ``variant`` without synchronizing (median over bursts short enough
+    that the GPU never makes the host wait), and where it goes: the profiler's self CPU time per call of the ten
+    costliest events (aten ops and CUDA runtime calls such as cudaGraphLaunch or cudaMemcpyAsync; the profiler
+    adds its own cost, so the shares are the point, not the sum)."""
+    model = build_tiny_llama(preset, device=device)
+    step = _step(model, variant)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     with torch.no_grad():
-        model(*prefill_inputs(model.config, 1, 8, device="cuda"))
-        tokens, pos = decode_inputs(model.config, 1, 8, device="cuda")
+        model(*prefill_inputs(model.config, 1, 8, device=device))
+        tokens, pos = decode_inputs(model.config, 1, 8, device=device)
         for _ in range(5):  # warm-up, record, a few replays
             step(tokens, pos)
         samples = []
         for _ in range(bursts):
-            torch.cuda.synchronize()
+            sync()
             start = time.perf_counter()
             for _ in range(calls):
                 step(tokens, pos)  # the output dropped at once: a replay then copies nothing
             samples.append((time.perf_counter() - start) / calls * 1e6)
-        torch.cuda.synchronize()
-    return statistics.median(samples)
+        sync()
+        activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+        with torch.profiler.profile(activities=activities) as prof:
+            for _ in range(calls):
+                step(tokens, pos)
+            sync()
+    events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    profile = {
+        e.key: round(e.self_cpu_time_total / calls, 2)
+        for e in events[:10]
+        if e.self_cpu_time_total and "Synchronize" not in e.key
+    }
+    return {"us_per_call": statistics.median(samples), "profile_self_cpu_us_per_call": profile}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,8 +85,11 @@ def main(argv: list[str] | None = None) -> int:
     result = run_bench(preset=args.preset, batch=1, steps=args.steps, warmup=20, device="cuda", progress=False)
     print_results(result)
     median = {r["mode"]: r["median_ms"] for r in result["results"]}
-    result["host_cost_per_replay_us"] = replay_host_cost_us(args.preset)
-    result["host_cost_per_fast_path_call_us"] = replay_host_cost_us(args.preset, fast_path=True)
+    host = {v: host_cost_us(args.preset, v) for v in ("airgraph", "airgraph fast-path", "torch.compile")}
+    result["host_cost"] = host
+    result["host_cost_per_replay_us"] = host["airgraph"]["us_per_call"]
+    result["host_cost_per_fast_path_call_us"] = host["airgraph fast-path"]["us_per_call"]
+    result["host_cost_per_torch_compile_call_us"] = host["torch.compile"]["us_per_call"]
     torch_ro = median["torch.compile reduce-overhead"]
     result["ratios"] = {
         "airgraph reduce-overhead / torch.compile reduce-overhead": median["airgraph reduce-overhead"] / torch_ro,
@@ -72,8 +100,11 @@ def main(argv: list[str] | None = None) -> int:
     print(
         result["ratios"],
         f"host cost per replay: {result['host_cost_per_replay_us']:.1f} us, "
-        f"per fast-path call {result['host_cost_per_fast_path_call_us']:.1f} us",
+        f"per fast-path call {result['host_cost_per_fast_path_call_us']:.1f} us, "
+        f"per torch.compile reduce-overhead call {result['host_cost_per_torch_compile_call_us']:.1f} us",
     )
+    for variant, cost in host.items():
+        print(f"{variant}: self CPU us per call (profiled)", cost["profile_self_cpu_us_per_call"])
     write_json(result, args.output)
     return 0
 

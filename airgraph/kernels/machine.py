@@ -10,12 +10,21 @@ nothing:
   is recorded too, but two models with the same flags run the same code);
 - CUDA: the same compute capability (the cubins' architecture); the device name is recorded, and the CUDA
   version comes with the torch version (``2.11.0+cu128``).
+
+The C++ compiler Inductor built with (:func:`compiler`) is recorded beside them but not compared: a package it
+compiles may still crash the loader (seen on an H200 machine whose ``CXX`` was a wrapper script around g++ 13.3
+with its own ``-B`` and ``-isystem`` folders: packages it linked killed ``AOTIModelPackageLoader``; the same
+packages built with the system g++ 13.3 loaded and ran), which only loading it tells: kernels/probe.py keys its
+verdict by it.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import platform
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +32,7 @@ import torch
 
 import airgraph
 
-__all__ = ["describe", "mismatch"]
+__all__ = ["compiler", "describe", "mismatch"]
 
 
 @functools.cache
@@ -47,8 +56,28 @@ def _cpu() -> dict[str, Any]:
     }
 
 
+@functools.cache
+def compiler() -> dict[str, Any] | None:
+    """The C++ compiler Inductor compiles packages with here (``CXX``, else ``g++``; Inductor's own choice):
+    the command, the file it resolves to and its ``--version`` line; None where none is found."""
+    try:
+        from torch._inductor.cpp_builder import get_cpp_compiler
+
+        command = get_cpp_compiler()
+    except Exception:  # no compiler (Inductor raises its own error types): nothing to record
+        return None
+    path = shutil.which(command) or command
+    try:
+        done = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30)
+        version = (done.stdout.strip().splitlines() or [""])[0]
+    except (OSError, subprocess.SubprocessError):
+        version = ""
+    return {"command": command, "path": os.path.realpath(path), "version": version}
+
+
 def describe(device: torch.device) -> dict[str, Any]:
-    """The build record of kernels compiled here for ``device``: versions and the device's description."""
+    """The build record of kernels compiled here for ``device``: versions, the device's description and the C++
+    compiler (:func:`compiler`)."""
     if device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()
         major, minor = torch.cuda.get_device_capability(index)
@@ -60,7 +89,7 @@ def describe(device: torch.device) -> dict[str, Any]:
         }
     else:
         target = dict(_cpu())
-    return {"torch": torch.__version__, "airgraph": airgraph.__version__, "device": target}
+    return {"torch": torch.__version__, "airgraph": airgraph.__version__, "device": target, "compiler": compiler()}
 
 
 def mismatch(built: dict[str, Any], here: dict[str, Any]) -> str | None:

@@ -9,8 +9,10 @@ the first to load a package in an environment:
 
 - **the environment** (:func:`environment`): the torch build (version, CUDA version, git commit), the Python
   (``sys.version``), the machine as kernels/machine.py describes it (CPU model, vector ISA and flags; on CUDA also
-  the GPU's name and compute capability) and the package format with the device type (``aoti-pt2`` on cpu or
-  cuda). Its digest keys the verdict;
+  the GPU's name and compute capability), the package format with the device type (``aoti-pt2`` on cpu or
+  cuda) and the C++ compiler the package was built with, where its entry records one (kernels/machine.py
+  ``compiler``: on the H200 machine a ``CXX`` wrapper's packages crashed the loader, the system g++'s did not).
+  Its digest keys the verdict;
 - **the probe** (:meth:`LoadProbes.check`): before the first in-process load in an environment, a child process
   (``python -m airgraph.kernels.probe``, with a timeout) loads the very package file about to be loaded, through
   the same loader call (:func:`open_package`), and runs it once on example inputs of its shape key (those its
@@ -137,16 +139,18 @@ class LoadProbes:
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.path = Path(root) / FILE
-        self._envs: dict[str, tuple[str, dict[str, Any]]] = {}  # device -> (digest, environment)
+        self._envs: dict[str, tuple[str, dict[str, Any]]] = {}  # (device, compiler) -> (digest, environment)
 
     def __repr__(self) -> str:
         return f"LoadProbes({str(self.path)!r})"
 
-    def check(self, kernel: Path, shape_key: list, device: torch.device, kid: str = "") -> Verdict:
-        """Whether ``kernel`` (a package file of the library, with its entry's shape key) may be loaded in this
-        process: the environment's verdict, probed in a child first when there is none. A "crashed" verdict
-        warns, once per process."""
-        digest, env = self._environment(device)
+    def check(
+        self, kernel: Path, shape_key: list, device: torch.device, kid: str = "", built_with: dict | None = None
+    ) -> Verdict:
+        """Whether ``kernel`` (a package file of the library, with its entry's shape key; ``built_with``: the
+        compiler its entry records) may be loaded in this process: the environment's verdict, probed in a child
+        first when there is none. A "crashed" verdict warns, once per process."""
+        digest, env = self._environment(device, built_with)
         verdict = _VERDICTS.get((str(self.path), digest)) or self._read(digest)
         if verdict is None:
             with contextlib.ExitStack() as stack:
@@ -162,18 +166,28 @@ class LoadProbes:
             _VERDICTS[(str(self.path), digest)] = verdict
         if verdict.status == "crashed" and (str(self.path), digest) not in _WARNED:
             _WARNED.add((str(self.path), digest))
+            compiled = ""
+            if built_with:
+                compiled = (
+                    f"; the package was built with the C++ compiler {built_with.get('command')} "
+                    f"({built_with.get('path')}, {built_with.get('version')}): packages built with another compiler "
+                    "may load (set CXX, then rebuild the library)"
+                )
             warnings.warn(
                 f"airgraph: loading an AOTInductor package crashed a child process ({verdict.cause}) with torch "
-                f"{torch.__version__} on this machine (Python {sys.version.split()[0]}, {device.type}); static "
-                f"kernels are not used here; the segment runs its dynamic kernels; delete {self.path} to probe again",
+                f"{torch.__version__} on this machine (Python {sys.version.split()[0]}, {device.type}){compiled}; "
+                f"static kernels are not used here; the segment runs its dynamic kernels; delete {self.path} to "
+                "probe again",
                 stacklevel=3,
             )
         return verdict
 
-    def _environment(self, device: torch.device) -> tuple[str, dict[str, Any]]:
-        key = str(device)
+    def _environment(self, device: torch.device, built_with: dict | None = None) -> tuple[str, dict[str, Any]]:
+        key = json.dumps([str(device), built_with], sort_keys=True)
         if key not in self._envs:
             env = environment(device)
+            if built_with:  # absent for entries built before compilers were recorded: their verdicts stay valid
+                env["compiler"] = built_with
             self._envs[key] = (_digest(env), env)
         return self._envs[key]
 

@@ -174,7 +174,8 @@ class StaticKernels:
             if reason is not None and self._entry(kid) != entry:  # replaced since read (its old package collected)
                 return self.load(graph_key, sid, device)
         if reason is None:  # no process is the first to load a package in an environment (kernels/probe.py)
-            verdict = self.probes.check(folder / "kernel.pt2", entry["shape_key"], device, kid)
+            built_with = entry["build"].get("compiler")
+            verdict = self.probes.check(folder / "kernel.pt2", entry["shape_key"], device, kid, built_with)
             if verdict.status == "crashed":  # the probe warned, once per process
                 self._refused[kid] = entry["package"]
                 return None

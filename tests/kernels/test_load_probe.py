@@ -21,6 +21,7 @@ import torch
 from airgraph.backend import AirgraphBackend
 from airgraph.kernels import probe
 from airgraph.kernels import static as static_module
+from airgraph.kernels.machine import compiler
 from airgraph.kernels.static import StaticKernels
 from tests.kernels.conftest import BATCHES, ROOT, run_step, static_config
 from tests.kernels.test_static_kernels import library_copy
@@ -107,6 +108,7 @@ def test_the_child_loads_and_runs_the_real_package_and_later_processes_trust_it(
     tensors = sum(isinstance(k, list) for k in probed["shape_key"])
     assert verdict["child"] == {"loaded": "kernel.pt2", "inputs": tensors, "outputs": 1}  # loaded, ran once
     assert verdict["environment"]["torch"] == torch.__version__ and verdict["environment"]["device_type"] == "cpu"
+    assert verdict["environment"]["compiler"] == compiler() and compiler()["version"]  # what built the package
 
     library = library_copy(built, tmp_path)  # a later process of this environment: reads "ok", loads in-process
     kernels = StaticKernels(static_config(tmp_path, library_dir=str(library), build=False))
@@ -162,6 +164,27 @@ def test_a_child_that_hangs_counts_as_crashed(tmp_path, monkeypatch, launches):
     assert len(caught) == 1 and len(launches) == 1
     (record,) = verdicts(tmp_path)
     assert (record["verdict"], record["returncode"]) == ("crashed", None)
+
+
+def test_a_crash_is_kept_per_build_compiler_and_its_warning_names_the_compiler(tmp_path, monkeypatch, launches):
+    """On the H200 machine packages built by its ``CXX`` wrapper crashed the loader and the system g++'s loaded:
+    the verdict of one compiler's packages says nothing about another's, and the warning says which built them."""
+    wrapper = {"command": "/opt/gcc/bin/g++", "path": "/opt/gcc/bin/g++", "version": "g++-real (Ubuntu) 13.3.0"}
+    system = {"command": "g++", "path": "/usr/bin/x86_64-linux-gnu-g++-13", "version": "g++ (Ubuntu) 13.3.0"}
+    probes, kernel = probe.LoadProbes(tmp_path), tmp_path / "kernel.pt2"
+    child_runs(monkeypatch, SEGFAULT)
+    with pytest.warns(UserWarning, match=CRASH_WARNING) as caught:
+        assert probes.check(kernel, [], CPU, "a/1", wrapper).status == "crashed"
+    (message,) = [str(w.message) for w in caught]
+    assert "built with the C++ compiler /opt/gcc/bin/g++ (/opt/gcc/bin/g++, g++-real (Ubuntu) 13.3.0)" in message
+    assert "set CXX, then rebuild the library" in message
+    child_runs(monkeypatch, "pass")
+    assert probes.check(kernel, [], CPU, "b/1", system).status == "ok"  # probed on its own: its own verdict
+    assert probes.check(kernel, [], CPU, "a/2", wrapper).status == "crashed"  # the wrapper's verdict stands
+    assert len(launches) == 2
+    records = {r["kernel"]: r for r in verdicts(tmp_path)}
+    assert records["a/1"]["environment"]["compiler"] == wrapper and records["a/1"]["verdict"] == "crashed"
+    assert records["b/1"]["environment"]["compiler"] == system and records["b/1"]["verdict"] == "ok"
 
 
 def test_a_child_that_raises_refuses_that_kernel_and_records_nothing(tmp_path, monkeypatch, launches):
