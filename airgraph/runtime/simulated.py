@@ -124,7 +124,9 @@ class _Accesses:
 
     def __init__(self, producer: SimStream | None) -> None:
         self.producer = producer  # the stream that allocated it (None: not allocated by a segment)
-        self.recorded: set[int] = set()  # streams given to record_stream: the allocator waits for them
+        # streams given to record_stream, by id: at the free the allocator records an event on each and reuses
+        # the block once they have all passed it (their work then, and all work it waited for, is done)
+        self.recorded: dict[int, SimStream] = {}
         self.write: tuple[SimStream, tuple[int, int], str] | None = None
         self.reads: dict[int, tuple[SimStream, tuple[int, int], str]] = {}
 
@@ -190,10 +192,10 @@ class SimulatedCuda:
         return SimEvent()
 
     def record_stream(self, tensor: torch.Tensor, stream: SimStream) -> None:
-        """Like ``Tensor.record_stream``: the storage's free is ordered after ``stream``'s work so far."""
+        """Like ``Tensor.record_stream``: the storage's free is ordered after ``stream``'s work up to the free."""
         history = self._history.get(storage(tensor))
         if history is not None:
-            history.recorded.add(stream.id)
+            history.recorded[stream.id] = stream
 
     def time(self, fn: Callable[[list], Any], args: list, iters: int) -> float:
         """A cost model, not a clock: every ATen op one call dispatches costs a launch plus the bytes it reads and
@@ -404,7 +406,8 @@ class SimulatedCuda:
         for other, at, by in history.reads.values():
             if other is history.producer or other.id in history.recorded or self._complete(at):
                 continue
-            if not history.producer.after(at):
+            # a recorded stream that has waited for the read orders the reuse after it, as the producer would
+            if not history.producer.after(at) and not any(r.after(at) for r in history.recorded.values()):
                 self.problems.append(
                     f"early free: memory {history.producer} allocated is freed while {by} on {other} may still "
                     "read it (keep it until the streams join, or record_tagged_stream)"
