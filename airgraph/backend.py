@@ -11,19 +11,23 @@ partitioner splits a training graph, or first thing on an inference graph. Each 
 :meth:`AirgraphBackend.compile_graph`, which reads top to bottom:
 
 1. passes (airgraph/passes): the pipeline edits and annotates the graph (streams, host placement, ...);
-2. capture plan (lowering/capture_plan.py): in reduce-overhead, whether the graph can be captured and whether
-   its host work is split off around the replay;
-3. partition (lowering/partition.py): segments, runs of nodes sharing placement and stream;
-4. choose (lowering/select.py, the seam): each segment's implementation and who chose it;
-5. lower (lowering/lower.py): each segment compiled by its kernel backend, for the strides its inputs really have;
+2. capture plan (lowering/capture_plan.py): in reduce-overhead, whether the graph can be captured and, when it
+   has host work, how that work splits off around the replay (the host plan); made once and handed on;
+3. host split (lowering/host_split.py), only with a host plan: the host work is lowered as a prologue around the
+   replay and the rest becomes the device program, which steps 4 to 7 compile as they compile any graph;
+4. partition (lowering/partition.py): segments, runs of nodes sharing placement and stream;
+5. choose and lower (lowering/select.py, the seam; lowering/lower.py): each segment's implementation and who
+   chose it, compiled by its kernel backend for the strides its inputs really have;
 6. executor (runtime/executor.py): the segments in order, on their streams; with ``config.tuning.mode`` set, the
    graph's first run tunes its segments or operators into the tuning bank and re-lowers them (airgraph/tuning);
+   with a host split, runtime/host.py runs the prologue around it;
 7. capture (runtime/capture.py): in reduce-overhead, ``GraphCapture`` records and replays the executor's run as
    CUDA graphs, one per input-shape key.
 
 ``plan_only=True`` (what ``airgraph.explain`` uses for fake inputs, e.g. ``device="cuda"`` tensors faked on a
-machine without a GPU) runs steps 1 to 4, but lowers nothing and captures nothing: the compiled callable returns
-fake outputs shaped like the traced ones, so no kernel is generated or launched, and every report is ``planned``.
+machine without a GPU) runs steps 1, 2 and 4 and chooses, but lowers nothing and captures nothing: the compiled
+callable returns fake outputs shaped like the traced ones, so no kernel is generated or launched, and every report
+is ``planned``.
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ from airgraph.graph.program import Segment
 from airgraph.kernels.static import StaticKernels
 from airgraph.kernels.warm import WarmGraph
 from airgraph.lowering import inductor_passes
-from airgraph.lowering.capture_plan import CapturePlan, describe_host_split, plan_capture
+from airgraph.lowering.capture_plan import CapturePlan, plan_capture
 from airgraph.lowering.host_split import split_host_work
 from airgraph.lowering.layouts import Layouts
 from airgraph.lowering.lower import lower_segments
@@ -173,47 +177,42 @@ class AirgraphBackend:
         # 1. passes
         ctx = CompileContext(config=config, report=report, kind=kind, device=device, example_inputs=example_inputs)
         report.passes = run_pipeline(gm, ctx)
-        # 2. capture plan
+        # 2. capture plan: made once, handed on
         plan = plan_capture(gm, mode=config.mode, device=device, can_capture=runtime.can_capture)
         report.uncaptured_reason = plan.uncapturable if self.plan_only or not plan.capture else None
         if plan.split:
-            report.host_prologue = describe_host_split(gm)
-        split = None
-        if plan.split and not self.plan_only:
-            # 3.-5. host work around the replay: the host pieces and the device part, each partitioned and lowered
-            program = split_host_work(gm, request, streams=runtime.has_streams)
-            segments = [*program.segments, *program.device_segments]
-            # 6. the device part's executor, inside the host work
-            device_fn = build_executor(
-                program.device_gm, program.device_segments, device, runtime=runtime, priorities=report.stream_priorities
-            )
-            if self.tuner is not None:
-                device_fn = self.tuner.wrap(
-                    device_fn, program.device_gm, program.device_segments, request, None, report, runtime
-                )
-            run = split = HostSplit(program, device_fn, runtime)
-            input_views = views_of_inputs(program.device_gm)
+            report.host_prologue = plan.host.describe()
+        # 3. host split: the host work lowered around the replay, and the device program that steps 4-7 compile
+        program = split_host_work(gm, plan.host, request) if plan.split and not self.plan_only else None
+        graph, graph_layouts, split = gm, layouts, None
+        if program is not None:  # the device program: the graph's inputs, then the host values it reads
+            graph = program.device_gm
+            graph_placeholders = graph.graph.find_nodes(op="placeholder")
+            graph_layouts = Layouts(graph_placeholders, [p.meta.get("val") for p in graph_placeholders])
+        # 4. partition
+        segments = partition(graph, streams=runtime.has_streams)
+        if program is not None:
+            segments = program.adopt(segments)
+        if self.plan_only:  # 5. choose only: nothing is lowered or run
+            for seg in segments:
+                seg.impl = None if seg.sync else choose(seg, request)
+            run = _planned_run(gm)
         else:
-            # 3. partition
-            segments = partition(gm, streams=runtime.has_streams)
-            if self.plan_only:
-                # 4. choose only: nothing is lowered or run
-                for seg in segments:
-                    seg.impl = None if seg.sync else choose(seg, request)
-                run = _planned_run(gm)
-            else:
-                # 4.-5. choose and lower
-                lower_segments(segments, request, layouts=layouts, placeholders=placeholders)
-                # 6. executor
-                run = build_executor(gm, segments, device, runtime=runtime, priorities=report.stream_priorities)
-                if self.tuner is not None:
-                    run = self.tuner.wrap(run, gm, segments, request, layouts, report, runtime)
-            input_views = views_of_inputs(gm)
+            # 5. choose and lower
+            device_segments = segments if program is None else program.device_segments
+            donors = placeholders if program is None else None  # a backward's donated inputs: the graph's own
+            lower_segments(device_segments, request, layouts=graph_layouts, placeholders=donors)
+            # 6. executor, tuned on its first run when tuning is on
+            run = build_executor(graph, device_segments, device, runtime=runtime, priorities=report.stream_priorities)
+            if self.tuner is not None:
+                run = self.tuner.wrap(run, graph, device_segments, request, graph_layouts, report, runtime)
+            if program is not None:  # the host work around it
+                run = split = HostSplit(program, run, runtime)
         layouts.report(outputs)
         # 7. capture (reduce-overhead), or the shape-key observers of an uncaptured run
         observer = self._observer(report, segments)
         if plan.capture and not self.plan_only:
-            run = self._capture(run, gm, device, kind, report, plan, input_views, split, observer)
+            run = self._capture(run, gm, device, kind, report, plan, views_of_inputs(graph), split, observer)
         elif not self.plan_only:
             if config.mode == "reduce-overhead":
                 _warn_uncaptured(device)

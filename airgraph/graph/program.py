@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from airgraph.graph.meta import SEGMENT
+
 __all__ = ["HostProgram", "Segment", "Transfer"]
 
 
@@ -66,9 +68,10 @@ class HostProgram:
     """A graph cut into static host work, per-call host work and the device part, each lowered on its own.
 
     Values live in slots: the graph inputs first, then the static results, then the per-call results. The device
-    part (``device_gm``, lowered as ``device_segments``) reads the graph inputs followed by one value per transfer
-    (the device copy) and per feed (a static host value). ``recipe`` builds graph output i: ("device", index in the
-    device part's outputs), ("host", slot) or ("const", value).
+    part (``device_gm``, partitioned and lowered by the caller into ``device_segments``: :meth:`adopt`) reads the
+    graph inputs followed by one value per transfer (the device copy) and per feed (a static host value).
+    ``recipe`` builds graph output i: ("device", index in the device part's outputs), ("host", slot) or ("const",
+    value). ``copies``: each device node of the graph and its copy in ``device_gm``.
     """
 
     static_fn: Callable[[list], Any] | None
@@ -78,8 +81,23 @@ class HostProgram:
     transfers: list[Transfer]
     feeds: list[int]
     device_gm: torch.fx.GraphModule
-    device_segments: list[Segment]
+    copies: dict[torch.fx.Node, torch.fx.Node]
     device: torch.device
     recipe: list[tuple[str, Any]]
     static_slots: tuple[int, int]
     segments: list[Segment] = field(default_factory=list)  # the host pieces, for reports
+    device_segments: list[Segment] = field(default_factory=list)
+
+    def adopt(self, device_segments: list[Segment]) -> list[Segment]:
+        """Take the device program's segments (partitioned from ``device_gm``): numbered after the host pieces,
+        and the graph's own nodes told which segment their copies went to. Returns every segment, host first."""
+        offset = len(self.segments)
+        for seg in device_segments:
+            seg.id += offset
+            for node in seg.nodes:
+                node.meta[SEGMENT] = seg.id
+        for node, copy in self.copies.items():
+            if SEGMENT in copy.meta:
+                node.meta[SEGMENT] = copy.meta[SEGMENT]
+        self.device_segments = device_segments
+        return [*self.segments, *device_segments]

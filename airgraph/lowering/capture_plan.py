@@ -6,7 +6,10 @@ Decisions about a graph, made at compile time (runtime/capture.py carries them o
   (capture_rules.py), a CPU tensor inside the CUDA graph), naming the first offending op, or None;
 - :func:`plan_host_work` classifies each node of a graph with host work (host placement's CPU ops) as static (a
   function of the shape key alone: computed once per key), per-call (depends on the data of CPU inputs, or is
-  random: computed before every replay) or device (captured); host_split.py lowers the three pieces.
+  random: computed before every replay) or device (captured); host_split.py lowers the two host pieces.
+
+:func:`plan_capture` makes both decisions once per graph and hands them on in a :class:`CapturePlan` (the host
+plan with them): nothing downstream asks again.
 """
 
 from __future__ import annotations
@@ -23,7 +26,6 @@ from airgraph.lowering.capture_rules import host_sync_reason
 __all__ = [
     "CapturePlan",
     "HostPlan",
-    "describe_host_split",
     "find_uncapturable",
     "has_host_work",
     "plan_capture",
@@ -37,7 +39,11 @@ class CapturePlan:
 
     capture: bool = False  # GraphCapture wraps the executor: the runtime records graphs
     uncapturable: str | None = None  # why the graph runs uncaptured all the same (or on a runtime without graphs)
-    split: bool = False  # host work is split off around the replay (lowering/host_split.py)
+    host: HostPlan | None = None  # the host work, split off around the replay (lowering/host_split.py), if any
+
+    @property
+    def split(self) -> bool:
+        return self.host is not None
 
 
 def plan_capture(gm: torch.fx.GraphModule, *, mode: str, device: torch.device, can_capture: bool) -> CapturePlan:
@@ -48,8 +54,9 @@ def plan_capture(gm: torch.fx.GraphModule, *, mode: str, device: torch.device, c
         return CapturePlan(uncapturable=f"reduce-overhead captures CUDA graphs; this graph runs on {device.type}")
     if device.type == "cpu":  # the simulator: CPU tensors stand for device ones, only the ops are checked
         return CapturePlan(capture=True, uncapturable=find_uncapturable(gm, simulated=True))
-    reason = find_uncapturable(gm)
-    return CapturePlan(capture=True, uncapturable=reason, split=reason is None and has_host_work(gm))
+    host = plan_host_work(gm) if has_host_work(gm) else None
+    reason = find_uncapturable(gm, host=host or HostPlan())
+    return CapturePlan(capture=True, uncapturable=reason, host=host if reason is None else None)
 
 
 STATIC, PER_CALL, ON_DEVICE = "static", "per_call", "device"  # where a node's value comes from (its origin)
@@ -72,6 +79,14 @@ class HostPlan:
     transfers: list[torch.fx.Node] = field(default_factory=list)
     feeds: list[torch.fx.Node] = field(default_factory=list)
     problem: str | None = None
+
+    def describe(self) -> dict[str, list[str]]:
+        """The report's ``host_prologue``: host nodes per origin and the transfers feeding the CUDA graph."""
+        return {
+            STATIC: [n.name for n in self.static],
+            PER_CALL: [n.name for n in self.per_call],
+            "transfers": [n.name for n in self.transfers],
+        }
 
 
 def _is_transfer(node: torch.fx.Node, source: torch.fx.Node) -> bool:
@@ -145,22 +160,12 @@ def _host_origin(node: torch.fx.Node, origin: dict[torch.fx.Node, str], plan: Ho
     return PER_CALL if any(origin[inp] != STATIC for inp in inputs) else STATIC
 
 
-def describe_host_split(gm: torch.fx.GraphModule) -> dict[str, list[str]]:
-    """The report's ``host_prologue``: host nodes per origin and the transfers feeding the CUDA graph."""
-    plan = plan_host_work(gm)
-    return {
-        STATIC: [n.name for n in plan.static],
-        PER_CALL: [n.name for n in plan.per_call],
-        "transfers": [n.name for n in plan.transfers],
-    }
-
-
 def has_host_work(gm: torch.fx.GraphModule) -> bool:
     """Host ops or CPU inputs that host placement marked: the graph's host work is split off around the replay."""
     return any(on_host(n) for n in gm.graph.nodes)
 
 
-def find_uncapturable(gm: torch.fx.GraphModule, *, simulated: bool = False) -> str | None:
+def find_uncapturable(gm: torch.fx.GraphModule, *, simulated: bool = False, host: HostPlan | None = None) -> str | None:
     """Why this CUDA graph cannot be recorded as one CUDA graph, naming the first offending op, or None.
 
     A graph touching two GPUs is refused (one CUDA graph records one device's work, as CUDAGraph Trees refuse it).
@@ -172,7 +177,8 @@ def find_uncapturable(gm: torch.fx.GraphModule, *, simulated: bool = False) -> s
     the shape key alone (constants, sizes), the same for every call of the key.
 
     ``simulated``: a CPU graph run as a CUDA one by the simulator: only the ops are checked (every tensor is
-    a CPU tensor there, standing for a device one).
+    a CPU tensor there, standing for a device one). ``host``: the graph's host plan when the caller has made it
+    (an empty one without host work); otherwise it is made here when first needed.
     """
     devices = {t.device for n in gm.graph.nodes for t in tensors(n.meta.get("val")) if t.device.type not in _HOSTS}
     if len(devices) > 1:
@@ -181,6 +187,8 @@ def find_uncapturable(gm: torch.fx.GraphModule, *, simulated: bool = False) -> s
 
     @functools.cache
     def host_plan() -> HostPlan:  # planned once, when first asked for
+        if host is not None:
+            return host
         return plan_host_work(gm) if has_host_work(gm) else HostPlan()
 
     @functools.cache

@@ -1,8 +1,10 @@
-"""reduce-overhead with host work: a graph cut into static host work, per-call host work and the device part.
+"""reduce-overhead with host work: a graph cut into static host work, per-call host work and the device program.
 
-:func:`split_host_work` lowers the three pieces of :func:`~airgraph.lowering.capture_plan.plan_host_work`'s plan,
-each through the seam like any segment, into a :class:`~airgraph.graph.program.HostProgram`; runtime/host.py runs
-the host pieces around the replay of the device part's CUDA graph (runtime/capture.py has the policy).
+:func:`split_host_work` follows the capture plan's host plan (:func:`~airgraph.lowering.capture_plan.plan_host_work`):
+it lowers the two host pieces, each through the seam like any segment, and cuts out the device program, the graph
+without its host work, into a :class:`~airgraph.graph.program.HostProgram`. The device program then goes through
+the same partition, choose, lower, executor, tuning and capture steps as a graph without host work (backend.py);
+runtime/host.py runs the host pieces around the replay of its CUDA graph (runtime/capture.py has the policy).
 """
 
 from __future__ import annotations
@@ -11,18 +13,17 @@ import torch
 
 from airgraph.graph.meta import H2D, HOST, HOST_PLACEMENT, PLACEMENT, SEGMENT, is_non_blocking, tensors
 from airgraph.graph.program import HostProgram, Segment, Transfer
-from airgraph.lowering.capture_plan import ON_DEVICE, STATIC, HostPlan, plan_host_work
-from airgraph.lowering.layouts import Layouts
-from airgraph.lowering.lower import lower_segment, lower_segments
-from airgraph.lowering.partition import partition, subgraph
+from airgraph.lowering.capture_plan import ON_DEVICE, STATIC, HostPlan
+from airgraph.lowering.lower import lower_segment
+from airgraph.lowering.partition import subgraph
 from airgraph.lowering.select import GraphRequest, choose
 
 __all__ = ["split_host_work"]
 
 
-def split_host_work(gm: torch.fx.GraphModule, request: GraphRequest, *, streams: bool = True) -> HostProgram:
-    """Lower ``gm`` as a :class:`HostProgram` (reduce-overhead on CUDA with capturable host work)."""
-    plan = plan_host_work(gm)
+def split_host_work(gm: torch.fx.GraphModule, plan: HostPlan, request: GraphRequest) -> HostProgram:
+    """``gm`` cut by its host ``plan`` (the capture plan's) into a :class:`HostProgram`: its host pieces lowered,
+    its device program (``device_gm``) left for the caller to partition and lower (``HostProgram.adopt``)."""
     if plan.problem is not None:
         raise ValueError(f"host work cannot be split off the CUDA graph: {plan.problem}")
     nodes = list(gm.graph.nodes)
@@ -59,17 +60,6 @@ def split_host_work(gm: torch.fx.GraphModule, request: GraphRequest, *, streams:
         for t in plan.transfers
     ]
     device_gm, device_outputs, copies = _device_part(gm, plan, placeholders, outputs)
-    device_segments = partition(device_gm, streams=streams)
-    for seg in device_segments:  # numbered after the host pieces; the graph's own nodes say where they went
-        seg.id += len(host_segments)
-        for node in seg.nodes:
-            node.meta[SEGMENT] = seg.id
-    for node, copy in copies.items():
-        if SEGMENT in copy.meta:
-            node.meta[SEGMENT] = copy.meta[SEGMENT]
-    device_placeholders = device_gm.graph.find_nodes(op="placeholder")
-    layouts = Layouts(device_placeholders, [n.meta.get("val") for n in device_placeholders])
-    lower_segments(device_segments, request, layouts=layouts)
     recipe: list[tuple[str, object]] = []
     for out in outputs:
         if not isinstance(out, torch.fx.Node):
@@ -86,7 +76,7 @@ def split_host_work(gm: torch.fx.GraphModule, request: GraphRequest, *, streams:
         transfers=transfers,
         feeds=[slots[n] for n in plan.feeds],
         device_gm=device_gm,
-        device_segments=device_segments,
+        copies=copies,
         device=device,
         recipe=recipe,
         static_slots=(len(placeholders), len(placeholders) + len(static_out)),

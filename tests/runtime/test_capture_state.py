@@ -178,7 +178,7 @@ def sync_run(name: str, *, refused: bool, monkeypatch) -> tuple:
     """SYNCS[name] compiled for the simulated device (x placed on it) and called three times; the report."""
     fn, _ = SYNCS[name]
     if not refused:  # a refusal missed: the recording itself must fail
-        monkeypatch.setattr(capture_plan, "find_uncapturable", lambda gm, simulated=False: None)
+        monkeypatch.setattr(capture_plan, "find_uncapturable", lambda gm, **_: None)
     sim = SimulatedCuda()
     compiled, backend = compile_with(fn, runtime=sim, mode="reduce-overhead", kernel_backend="aten")
     for _ in range(3):
@@ -210,7 +210,7 @@ def test_a_recording_fails_on_ops_that_synchronise_and_the_key_runs_uncaptured(n
 
 @pytest.mark.cuda
 def test_a_recording_that_fails_on_a_sync_leaves_cuda_usable(data_dependent_ops, monkeypatch):
-    monkeypatch.setattr(capture_plan, "find_uncapturable", lambda gm, simulated=False: None)
+    monkeypatch.setattr(capture_plan, "find_uncapturable", lambda gm, **_: None)
     fn = SYNCS["item"][0]
     compiled, backend = compile_with(fn, mode="reduce-overhead", kernel_backend="aten")
     for _ in range(3):
