@@ -73,6 +73,7 @@ def fixed_machine(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.Temp
 
     import airgraph
     from airgraph.kernels import machine
+    from airgraph.tuning import env
 
     cpuinfo = tmp_path_factory.mktemp("machine") / "cpuinfo"
     cpuinfo.write_text(FIXED_CPUINFO)
@@ -92,7 +93,7 @@ def fixed_machine(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.Temp
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (9, 0))
     compiler = {"command": "g++", "path": "/usr/bin/g++-13", "version": "g++ 13.3.0"}
     monkeypatch.setattr(machine, "compiler", lambda: compiler)
-    caches = (machine._cpu, machine._gpu)
+    caches = (machine._cpu, machine._gpu, env._current)
     for cache in caches:
         cache.cache_clear()
     yield

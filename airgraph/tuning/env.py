@@ -9,13 +9,15 @@ the digest of :func:`environment`, and never uses records of another:
 - CUDA: the GPU name, its compute capability and the CUDA version;
 - the torch and airgraph versions.
 
-The facts come from kernels/machine.py (``cpu``, ``gpu``: airgraph's one reader of them), read once per process.
+The facts come from kernels/machine.py (``cpu``, ``gpu``: airgraph's one reader of them), read once per process;
+:func:`current` computes an environment and its digest once per device and thread count, not once per segment looked up.
 
 The candidate sets (tuning/candidates.py) carry their own version, inside each entry's key.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from typing import Any
@@ -25,7 +27,7 @@ import torch
 import airgraph
 from airgraph.kernels.machine import cpu, gpu
 
-__all__ = ["env_digest", "environment"]
+__all__ = ["current", "env_digest", "environment"]
 
 
 def environment(device: torch.device) -> dict[str, Any]:
@@ -46,3 +48,19 @@ def environment(device: torch.device) -> dict[str, Any]:
 def env_digest(env: dict[str, Any]) -> str:
     """A short stable digest of an environment (the name of its bank file)."""
     return hashlib.sha256(json.dumps(env, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def current(device: torch.device) -> tuple[dict[str, Any], str]:
+    """:func:`environment` of ``device`` and its digest, computed once per device (a CUDA one by its index) and
+    intra-op thread count, the one fact a process may change as it runs (``torch.set_num_threads``)."""
+    available = device.type == "cuda" and torch.cuda.is_available()
+    if available and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    env, digest = _current(device, available, torch.get_num_threads())
+    return dict(env), digest
+
+
+@functools.cache
+def _current(device: torch.device, available: bool, threads: int) -> tuple[dict[str, Any], str]:
+    env = environment(device)  # (available, threads): what environment() reads that may differ between calls
+    return env, env_digest(env)
