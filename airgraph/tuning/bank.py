@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from airgraph.store import StoreError, append_line, locked, write_text_atomic
+from airgraph.store import StoreError, append_line, check_header, locked, write_text_atomic
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "Bank", "BankFile", "Entry", "bank_file_name"]
 
@@ -164,14 +164,13 @@ class BankFile:
         self._entries[entry.key] = entry
 
     def _check_header(self, header: dict[str, Any]) -> None:
-        if header.get("format") != FORMAT:
-            self.problem = f"{self.path}: not a tuning bank file (format {header.get('format')!r})"
-        elif header.get("version") != FORMAT_VERSION:
-            self.problem = (
-                f"{self.path}: tuning bank format version {header.get('version')!r}, this airgraph reads version "
-                f"{FORMAT_VERSION}; its records are not used (airgraph bank prune removes them)"
-            )
-        elif self._env is None:
+        try:  # the store's check (airgraph/store.py), with the bank's remedy for another version
+            remedy = "its records are not used (airgraph bank prune removes them)"
+            check_header(header, self.path, format=FORMAT, version=FORMAT_VERSION, remedy=remedy)
+        except StoreError as exc:
+            self.problem = str(exc)
+            return
+        if self._env is None:
             self._env = header.get("env") or {}
         elif header.get("env") != self._env:
             self.problem = f"{self.path}: its header names another environment than this file's name says"

@@ -163,11 +163,17 @@ def test_a_file_of_another_format_version_is_refused(tmp_path):
     path = tmp_path / bank_file_name(ENV, "d1")
     path.write_text(json.dumps({"format": FORMAT, "version": 99, "env": ENV}) + "\n" + entry("k").to_json() + "\n")
     bank = Bank(tmp_path).file_for(ENV, "d1")
-    with pytest.warns(UserWarning, match="tuning bank format version 99, this airgraph reads version 1"):
+    refused = "airgraph-tuning-bank version 99, this airgraph reads version 1; its records are not used"
+    with pytest.warns(UserWarning, match=refused):
         assert bank.lookup("k") is None
-    with pytest.raises(StoreError, match=r"format version 99.*remove it, or tune into another bank folder"):
+    with pytest.raises(StoreError, match=rf"{refused}.*; remove it, or tune into another bank folder"):
         bank.commit(entry("k2"))
     assert path.read_text().count("\n") == 2  # untouched
+    other = tmp_path / bank_file_name(ENV, "d2")  # the store's header check (airgraph/store.py), as every file's
+    other.write_text(json.dumps({"format": "airgraph-kernel-index", "version": 1}) + "\n" + entry("k").to_json() + "\n")
+    other_format = "expected a 'airgraph-tuning-bank' document, found 'airgraph-kernel-index'"
+    with pytest.warns(UserWarning, match=other_format):
+        assert Bank(tmp_path).file_for(ENV, "d2").lookup("k") is None
 
 
 def test_a_bank_folder_that_is_a_file_is_refused(tmp_path):
