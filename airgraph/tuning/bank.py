@@ -16,7 +16,8 @@ Layout: one folder (``config.tuning.bank_dir``), one append-only file of JSON li
 - **torn or corrupt records** (a process killed mid-write, a hand edit) are skipped with one warning naming the
   file and line; every complete record stays readable;
 - **stale records** (another device, torch, airgraph or candidate-set version) live in other files, or carry another
-  candidate version, and are never used: counted, listed by ``airgraph bank list``, removed by ``airgraph bank prune``;
+  candidate version, and are never used (:func:`is_stale`, the one rule): counted, listed by ``airgraph bank list``,
+  removed by ``airgraph bank prune``;
 - **unsatisfied memos**: a unit where nothing beat the default is not a bank entry (the seam never uses it), but
   its record (``status: "unsatisfied"``) spares the next tuning run from measuring it again (unless ``repeat``).
 
@@ -28,13 +29,14 @@ from __future__ import annotations
 import json
 import os
 import warnings
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from airgraph.store import StoreError, append_line, check_header, locked, write_text_atomic
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "Bank", "BankFile", "Entry", "bank_file_name"]
+__all__ = ["FORMAT", "FORMAT_VERSION", "Bank", "BankFile", "Entry", "bank_file_name", "is_stale"]
 
 FORMAT = "airgraph-tuning-bank"
 FORMAT_VERSION = 1
@@ -236,6 +238,15 @@ class BankFile:
         self._reset()
 
 
+def is_stale(file: BankFile, entry: Entry | None, current: Collection[Path], candidates: dict[str, int]) -> bool:
+    """Whether ``entry`` of ``file`` (``entry`` None: the whole file) is never used: a file that is not one of the
+    ``current`` environments' files (their paths) or that cannot be read (its ``problem``), or an entry measured
+    with another version of its kind's candidate set (``candidates``: kind -> current version)."""
+    if file.path not in current or file.problem is not None:
+        return True
+    return entry is not None and entry.candidates != candidates.get(entry.kind)
+
+
 class Bank:
     """A bank folder: one :class:`BankFile` per environment."""
 
@@ -261,30 +272,30 @@ class Bank:
         return found
 
     def stale_bases(self, current: BankFile, candidates: dict[str, int]) -> set[str]:
-        """Units with records that are never used: in other environments' files, or measured with another
-        version of their kind's candidate set (``candidates``: kind -> current version)."""
-        stale = set()
-        for bank_file in self.files():
-            other = bank_file.path != current.path
-            for entry in bank_file.entries().values():
-                if other or entry.candidates != candidates.get(entry.kind):
-                    stale.add(entry.base)
-        return stale
+        """Units with stale records (:func:`is_stale`; ``current``: this environment's file)."""
+        return {
+            entry.base
+            for bank_file in self.files()
+            for entry in bank_file.entries().values()
+            if is_stale(bank_file, entry, {current.path}, candidates)
+        }
 
     def prune(self, current: list[BankFile], candidates: dict[str, int], *, everything: bool = False) -> dict:
-        """Remove what is never used: other environments' files, records of old candidate sets, superseded
-        records (and with ``everything``, all). Returns counts: files removed, records kept and dropped."""
+        """Remove what is never used: stale files and records (:func:`is_stale`), superseded records (and with
+        ``everything``, all). Returns counts: files removed, records kept and dropped."""
         current_paths = {f.path for f in current}
         counts = {"files_removed": 0, "kept": 0, "dropped": 0}
         for bank_file in self.files():
             with locked(bank_file.path):
                 records = bank_file.records
-                if everything or bank_file.path not in current_paths or bank_file.problem is not None:
+                if everything or is_stale(bank_file, None, current_paths, candidates):
                     bank_file.path.unlink(missing_ok=True)
                     counts["files_removed"] += 1
                     counts["dropped"] += records
                     continue
-                keep = [e for e in bank_file.entries().values() if e.candidates == candidates.get(e.kind)]
+                keep = [
+                    e for e in bank_file.entries().values() if not is_stale(bank_file, e, current_paths, candidates)
+                ]
                 if len(keep) != records:
                     bank_file.rewrite(keep)
                 counts["kept"] += len(keep)
