@@ -254,7 +254,8 @@ class Bank:
         self.folder = Path(folder)
         if self.folder.exists() and not self.folder.is_dir():
             raise StoreError(f"tuning bank {self.folder} is a file; give a folder (config.tuning.bank_dir)")
-        self._files: dict[str, BankFile] = {}
+        self._files: dict[str, BankFile] = {}  # by name: opened for their environment (file_for)
+        self._found: dict[str, BankFile] = {}  # by name: found in the folder (files()), their header's environment
 
     def file_for(self, env: dict[str, Any], digest: str) -> BankFile:
         name = bank_file_name(env, digest)
@@ -263,12 +264,14 @@ class Bank:
         return self._files[name]
 
     def files(self) -> list[BankFile]:
-        """Every environment's file in the folder (their headers say which environment)."""
+        """Every environment's file in the folder (their headers say which environment). None is read here: each
+        is read when asked (``entries()``, ``env``) and kept, so that a later call (the tuner asks for every graph
+        it tunes) re-reads only what was appended since."""
         found = []
         for path in sorted(self.folder.glob("*.jsonl")) if self.folder.is_dir() else []:
-            bank_file = self._files.get(path.name) or BankFile(path)
-            bank_file.entries()
-            found.append(bank_file)
+            if path.name not in self._files and path.name not in self._found:
+                self._found[path.name] = BankFile(path)
+            found.append(self._files.get(path.name) or self._found[path.name])
         return found
 
     def stale_bases(self, current: BankFile, candidates: dict[str, int]) -> set[str]:
@@ -287,6 +290,7 @@ class Bank:
         counts = {"files_removed": 0, "kept": 0, "dropped": 0}
         for bank_file in self.files():
             with locked(bank_file.path):
+                bank_file.entries()  # what other processes appended, read under the lock
                 records = bank_file.records
                 if everything or is_stale(bank_file, None, current_paths, candidates):
                     bank_file.path.unlink(missing_ok=True)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from airgraph.store import StoreError
+from airgraph.store import StoreError, append_line
 from airgraph.tuning.bank import FORMAT, TUNED, UNSATISFIED, Bank, BankFile, Entry, bank_file_name
 
 ENV = {"device_type": "cpu", "device": "test cpu", "isa": "AVX2", "threads": 2, "torch": "2.13.0", "airgraph": "0.1.0"}
@@ -157,6 +157,27 @@ def test_another_version_or_device_is_never_used_and_counted_stale(tmp_path):
     assert counts == {"files_removed": 1, "kept": 1, "dropped": 2}
     assert [p.name for p in tmp_path.glob("*.jsonl")] == [current.path.name]
     assert set(BankFile(current.path).entries()) == {"k-new"}
+
+
+def test_another_environments_file_is_read_once_then_only_what_is_appended(tmp_path, monkeypatch):
+    other = Bank(tmp_path).file_for({**ENV, "torch": "2.12.0"}, "old")
+    for i in range(3):
+        other.commit(entry(f"k{i}", base=f"unit-{i}"))
+    bank = Bank(tmp_path)
+    current = bank.file_for(ENV, "new")
+    parsed = []  # (file, line) of every line parsed from now on
+    take = BankFile._take
+    monkeypatch.setattr(
+        BankFile, "_take", lambda self, raw, n: parsed.append((self.path.name, n)) or take(self, raw, n)
+    )
+    assert [f.path for f in bank.files()] == [other.path] and not parsed  # listing the files parses none
+    assert bank.stale_bases(current, {"op": 1}) == {"unit-0", "unit-1", "unit-2"}
+    assert parsed == [(other.path.name, n) for n in range(1, 5)]  # its header and records, once
+    assert bank.stale_bases(current, {"op": 1}) == {"unit-0", "unit-1", "unit-2"}  # the tuner's next graph
+    assert len(parsed) == 4
+    append_line(other.path, entry("k3", base="unit-3").to_json())  # another process commits one more
+    assert bank.stale_bases(current, {"op": 1}) == {"unit-0", "unit-1", "unit-2", "unit-3"}
+    assert parsed[4:] == [(other.path.name, 5)]
 
 
 def test_a_file_of_another_format_version_is_refused(tmp_path):
