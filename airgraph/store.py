@@ -103,15 +103,22 @@ def read_json(path: str | os.PathLike[str], *, format: str, version: int) -> dic
     return check_header(document, target, format=format, version=version)
 
 
-def check_header(document: Any, target: str | os.PathLike[str], *, format: str, version: int) -> dict[str, Any]:
-    """``document`` (read from ``target``) if its header names ``format`` and ``version``; StoreError otherwise."""
+def check_header(
+    document: Any,
+    target: str | os.PathLike[str],
+    *,
+    format: str,
+    version: int,
+    remedy: str = "rebuild it with this airgraph",
+) -> dict[str, Any]:
+    """``document`` (read from ``target``) if its header names ``format`` and ``version``; StoreError otherwise
+    (``remedy``: what to do about another version)."""
     if not isinstance(document, dict) or document.get("format") != format:
         found = document.get("format") if isinstance(document, dict) else type(document).__name__
         raise StoreError(f"{target}: expected a {format!r} document, found {found!r}")
     if document.get("version") != version:
         raise StoreError(
-            f"{target}: {format} version {document.get('version')!r}, this airgraph reads version {version}; "
-            "rebuild it with this airgraph"
+            f"{target}: {format} version {document.get('version')!r}, this airgraph reads version {version}; {remedy}"
         )
     return document
 

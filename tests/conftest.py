@@ -51,3 +51,51 @@ def _session_tuning_bank(tmp_path_factory: pytest.TempPathFactory):
         for name in ("AIRGRAPH_TUNE_MODE", "AOE_MODE", "TUNE_BANK_PATH", "REPEAT_TUNE", "ASCEND_WORK_PATH"):
             patch.delenv(name, raising=False)
         yield
+
+
+FIXED_CPUINFO = """processor\t: 0
+vendor_id\t: GenuineIntel
+model name\t: Intel(R) Xeon(R) Platinum 8480+
+flags\t\t: fpu sse2 avx2 avx512f avx512bw amx_tile
+processor\t: 1
+model name\t: Intel(R) Xeon(R) Platinum 8480+
+flags\t\t: fpu sse2 avx2
+"""
+
+
+@pytest.fixture
+def fixed_machine(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory):
+    """One fixed machine (an H100 beside a Xeon, torch 2.11.0+cu128, 8 threads) for kernels/machine.py, the one
+    reader of the machine's facts, so that tests can pin the keys computed from them; the real facts are read
+    again after the test."""
+    import platform
+    import sys
+
+    import airgraph
+    from airgraph.kernels import machine
+    from airgraph.tuning import env
+
+    cpuinfo = tmp_path_factory.mktemp("machine") / "cpuinfo"
+    cpuinfo.write_text(FIXED_CPUINFO)
+    monkeypatch.setattr(machine, "CPUINFO", cpuinfo)
+    monkeypatch.setattr(platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(platform, "processor", lambda: "")
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 8)
+    monkeypatch.setattr(torch, "__version__", "2.11.0+cu128")
+    monkeypatch.setattr(airgraph, "__version__", "0.1.0")
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    monkeypatch.setattr(torch.version, "git_version", "0123abcd")
+    monkeypatch.setattr(sys, "version", "3.11.7 (main) [GCC 12.2.0]")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (9, 0))
+    compiler = {"command": "g++", "path": "/usr/bin/g++-13", "version": "g++ 13.3.0"}
+    monkeypatch.setattr(machine, "compiler", lambda: compiler)
+    caches = (machine._cpu, machine._gpu, env._current)
+    for cache in caches:
+        cache.cache_clear()
+    yield
+    for cache in caches:
+        cache.cache_clear()

@@ -35,7 +35,7 @@ def add_parsers(sub: Any, docs: dict[str, str]) -> None:
 def cmd_bank(args: argparse.Namespace, console: Console) -> int:
     import torch
 
-    from airgraph.tuning.bank import TUNED, Bank
+    from airgraph.tuning.bank import TUNED, Bank, is_stale
     from airgraph.tuning.candidates import VERSIONS
     from airgraph.tuning.source import bank_file
 
@@ -53,12 +53,11 @@ def cmd_bank(args: argparse.Namespace, console: Console) -> int:
             highlight=False,
         )
         return 0
-    rows = []
-    for file in bank.files():
-        stale_file = file.path not in current_paths or file.problem is not None
-        for entry in file.entries().values():
-            stale = stale_file or entry.candidates != VERSIONS.get(entry.kind)
-            rows.append((entry, file, stale))
+    rows = [
+        (entry, file, is_stale(file, entry, current_paths, VERSIONS))
+        for file in bank.files()
+        for entry in file.entries().values()
+    ]
     if args.action == "show":
         if not args.key:
             raise CliError("show: give the KEY of an entry (airgraph bank list shows them)")

@@ -16,6 +16,9 @@ compiles may still crash the loader (seen on an H200 machine whose ``CXX`` was a
 with its own ``-B`` and ``-isystem`` folders: packages it linked killed ``AOTIModelPackageLoader``; the same
 packages built with the system g++ 13.3 loaded and ran), which only loading it tells: kernels/probe.py keys its
 verdict by it.
+
+:func:`cpu` and :func:`gpu` are airgraph's one reader of the machine's facts: the tuning bank's environment
+(tuning/env.py) and the load probe's (kernels/probe.py) take theirs from here.
 """
 
 from __future__ import annotations
@@ -32,21 +35,25 @@ import torch
 
 import airgraph
 
-__all__ = ["compiler", "describe", "mismatch"]
+__all__ = ["CPUINFO", "compiler", "cpu", "describe", "gpu", "mismatch"]
+
+CPUINFO = Path("/proc/cpuinfo")  # Linux: the model name and the instruction-set flags of each core
 
 
 @functools.cache
 def _cpu() -> dict[str, Any]:
     model, flags = "", []
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():  # Linux: the model name and the instruction-set flags of the first core
-        for line in cpuinfo.read_text(errors="replace").splitlines():
-            name, _, value = line.partition(":")
-            name = name.strip()
-            if name == "model name" and not model:
-                model = value.strip()
-            elif name in ("flags", "Features") and not flags:
-                flags = sorted(value.split())
+    try:
+        text = CPUINFO.read_text(errors="replace")
+    except OSError:  # not Linux: what ``platform`` says
+        text = ""
+    for line in text.splitlines():  # the model name and the instruction-set flags of the first core
+        name, _, value = line.partition(":")
+        name = name.strip()
+        if name == "model name" and not model:
+            model = value.strip()
+        elif name in ("flags", "Features") and not flags:
+            flags = sorted(value.split())
     return {
         "type": "cpu",
         "machine": platform.machine(),
@@ -54,6 +61,31 @@ def _cpu() -> dict[str, Any]:
         "isa": torch.backends.cpu.get_cpu_capability(),
         "flags": flags,
     }
+
+
+def cpu() -> dict[str, Any]:
+    """This CPU: its architecture (``platform.machine()``), model name, the vector ISA PyTorch's kernels use
+    (``torch.backends.cpu.get_cpu_capability()``: AVX2, AVX512, ...) and its instruction-set flags (sorted); read
+    once per process (a copy each call)."""
+    facts = _cpu()
+    return {**facts, "flags": list(facts["flags"])}
+
+
+@functools.cache
+def _gpu(index: int) -> dict[str, Any]:
+    major, minor = torch.cuda.get_device_capability(index)
+    return {
+        "type": "cuda",
+        "name": torch.cuda.get_device_name(index),
+        "capability": f"{major}.{minor}",
+        "cuda": torch.version.cuda,
+    }
+
+
+def gpu(device: torch.device) -> dict[str, Any]:
+    """The CUDA device ``device`` (its index, else the current one): its name, compute capability and the CUDA
+    version torch was built with; read once per process and device (a copy each call)."""
+    return dict(_gpu(device.index if device.index is not None else torch.cuda.current_device()))
 
 
 @functools.cache
@@ -78,17 +110,7 @@ def compiler() -> dict[str, Any] | None:
 def describe(device: torch.device) -> dict[str, Any]:
     """The build record of kernels compiled here for ``device``: versions, the device's description and the C++
     compiler (:func:`compiler`)."""
-    if device.type == "cuda":
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        major, minor = torch.cuda.get_device_capability(index)
-        target: dict[str, Any] = {
-            "type": "cuda",
-            "name": torch.cuda.get_device_name(index),
-            "capability": f"{major}.{minor}",
-            "cuda": torch.version.cuda,
-        }
-    else:
-        target = dict(_cpu())
+    target = gpu(device) if device.type == "cuda" else cpu()
     return {"torch": torch.__version__, "airgraph": airgraph.__version__, "device": target, "compiler": compiler()}
 
 

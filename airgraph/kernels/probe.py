@@ -56,7 +56,7 @@ from typing import Any
 
 import torch
 
-from airgraph.kernels.machine import describe
+from airgraph.kernels.machine import cpu, gpu
 from airgraph.store import StoreError, locked, read_json, write_json_atomic
 
 __all__ = ["FILE", "FORMAT", "TIMEOUT", "LoadProbes", "Verdict", "environment", "open_package"]
@@ -96,10 +96,10 @@ def environment(device: torch.device) -> dict[str, Any]:
         "cuda": torch.version.cuda,
         "git": getattr(torch.version, "git_version", None),
         "python": sys.version,
-        "cpu": describe(torch.device("cpu"))["device"],
+        "cpu": cpu(),
     }
     if device.type == "cuda":
-        env["gpu"] = describe(device)["device"]
+        env["gpu"] = gpu(device)
     return env
 
 

@@ -16,7 +16,8 @@ Layout: one folder (``config.tuning.bank_dir``), one append-only file of JSON li
 - **torn or corrupt records** (a process killed mid-write, a hand edit) are skipped with one warning naming the
   file and line; every complete record stays readable;
 - **stale records** (another device, torch, airgraph or candidate-set version) live in other files, or carry another
-  candidate version, and are never used: counted, listed by ``airgraph bank list``, removed by ``airgraph bank prune``;
+  candidate version, and are never used (:func:`is_stale`, the one rule): counted, listed by ``airgraph bank list``,
+  removed by ``airgraph bank prune``;
 - **unsatisfied memos**: a unit where nothing beat the default is not a bank entry (the seam never uses it), but
   its record (``status: "unsatisfied"``) spares the next tuning run from measuring it again (unless ``repeat``).
 
@@ -28,13 +29,14 @@ from __future__ import annotations
 import json
 import os
 import warnings
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from airgraph.store import StoreError, append_line, locked, write_text_atomic
+from airgraph.store import StoreError, append_line, check_header, locked, write_text_atomic
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "Bank", "BankFile", "Entry", "bank_file_name"]
+__all__ = ["FORMAT", "FORMAT_VERSION", "Bank", "BankFile", "Entry", "bank_file_name", "is_stale"]
 
 FORMAT = "airgraph-tuning-bank"
 FORMAT_VERSION = 1
@@ -164,14 +166,13 @@ class BankFile:
         self._entries[entry.key] = entry
 
     def _check_header(self, header: dict[str, Any]) -> None:
-        if header.get("format") != FORMAT:
-            self.problem = f"{self.path}: not a tuning bank file (format {header.get('format')!r})"
-        elif header.get("version") != FORMAT_VERSION:
-            self.problem = (
-                f"{self.path}: tuning bank format version {header.get('version')!r}, this airgraph reads version "
-                f"{FORMAT_VERSION}; its records are not used (airgraph bank prune removes them)"
-            )
-        elif self._env is None:
+        try:  # the store's check (airgraph/store.py), with the bank's remedy for another version
+            remedy = "its records are not used (airgraph bank prune removes them)"
+            check_header(header, self.path, format=FORMAT, version=FORMAT_VERSION, remedy=remedy)
+        except StoreError as exc:
+            self.problem = str(exc)
+            return
+        if self._env is None:
             self._env = header.get("env") or {}
         elif header.get("env") != self._env:
             self.problem = f"{self.path}: its header names another environment than this file's name says"
@@ -237,6 +238,15 @@ class BankFile:
         self._reset()
 
 
+def is_stale(file: BankFile, entry: Entry | None, current: Collection[Path], candidates: dict[str, int]) -> bool:
+    """Whether ``entry`` of ``file`` (``entry`` None: the whole file) is never used: a file that is not one of the
+    ``current`` environments' files (their paths) or that cannot be read (its ``problem``), or an entry measured
+    with another version of its kind's candidate set (``candidates``: kind -> current version)."""
+    if file.path not in current or file.problem is not None:
+        return True
+    return entry is not None and entry.candidates != candidates.get(entry.kind)
+
+
 class Bank:
     """A bank folder: one :class:`BankFile` per environment."""
 
@@ -244,7 +254,8 @@ class Bank:
         self.folder = Path(folder)
         if self.folder.exists() and not self.folder.is_dir():
             raise StoreError(f"tuning bank {self.folder} is a file; give a folder (config.tuning.bank_dir)")
-        self._files: dict[str, BankFile] = {}
+        self._files: dict[str, BankFile] = {}  # by name: opened for their environment (file_for)
+        self._found: dict[str, BankFile] = {}  # by name: found in the folder (files()), their header's environment
 
     def file_for(self, env: dict[str, Any], digest: str) -> BankFile:
         name = bank_file_name(env, digest)
@@ -253,39 +264,42 @@ class Bank:
         return self._files[name]
 
     def files(self) -> list[BankFile]:
-        """Every environment's file in the folder (their headers say which environment)."""
+        """Every environment's file in the folder (their headers say which environment). None is read here: each
+        is read when asked (``entries()``, ``env``) and kept, so that a later call (the tuner asks for every graph
+        it tunes) re-reads only what was appended since."""
         found = []
         for path in sorted(self.folder.glob("*.jsonl")) if self.folder.is_dir() else []:
-            bank_file = self._files.get(path.name) or BankFile(path)
-            bank_file.entries()
-            found.append(bank_file)
+            if path.name not in self._files and path.name not in self._found:
+                self._found[path.name] = BankFile(path)
+            found.append(self._files.get(path.name) or self._found[path.name])
         return found
 
     def stale_bases(self, current: BankFile, candidates: dict[str, int]) -> set[str]:
-        """Units with records that are never used: in other environments' files, or measured with another
-        version of their kind's candidate set (``candidates``: kind -> current version)."""
-        stale = set()
-        for bank_file in self.files():
-            other = bank_file.path != current.path
-            for entry in bank_file.entries().values():
-                if other or entry.candidates != candidates.get(entry.kind):
-                    stale.add(entry.base)
-        return stale
+        """Units with stale records (:func:`is_stale`; ``current``: this environment's file)."""
+        return {
+            entry.base
+            for bank_file in self.files()
+            for entry in bank_file.entries().values()
+            if is_stale(bank_file, entry, {current.path}, candidates)
+        }
 
     def prune(self, current: list[BankFile], candidates: dict[str, int], *, everything: bool = False) -> dict:
-        """Remove what is never used: other environments' files, records of old candidate sets, superseded
-        records (and with ``everything``, all). Returns counts: files removed, records kept and dropped."""
+        """Remove what is never used: stale files and records (:func:`is_stale`), superseded records (and with
+        ``everything``, all). Returns counts: files removed, records kept and dropped."""
         current_paths = {f.path for f in current}
         counts = {"files_removed": 0, "kept": 0, "dropped": 0}
         for bank_file in self.files():
             with locked(bank_file.path):
+                bank_file.entries()  # what other processes appended, read under the lock
                 records = bank_file.records
-                if everything or bank_file.path not in current_paths or bank_file.problem is not None:
+                if everything or is_stale(bank_file, None, current_paths, candidates):
                     bank_file.path.unlink(missing_ok=True)
                     counts["files_removed"] += 1
                     counts["dropped"] += records
                     continue
-                keep = [e for e in bank_file.entries().values() if e.candidates == candidates.get(e.kind)]
+                keep = [
+                    e for e in bank_file.entries().values() if not is_stale(bank_file, e, current_paths, candidates)
+                ]
                 if len(keep) != records:
                     bank_file.rewrite(keep)
                 counts["kept"] += len(keep)

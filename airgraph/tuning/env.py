@@ -9,6 +9,9 @@ the digest of :func:`environment`, and never uses records of another:
 - CUDA: the GPU name, its compute capability and the CUDA version;
 - the torch and airgraph versions.
 
+The facts come from kernels/machine.py (``cpu``, ``gpu``: airgraph's one reader of them), read once per process;
+:func:`current` computes an environment and its digest once per device and thread count, not once per segment looked up.
+
 The candidate sets (tuning/candidates.py) carry their own version, inside each entry's key.
 """
 
@@ -17,27 +20,14 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import platform
 from typing import Any
 
 import torch
 
 import airgraph
+from airgraph.kernels.machine import cpu, gpu
 
-__all__ = ["cpu_model", "env_digest", "environment"]
-
-
-@functools.cache
-def cpu_model() -> str:
-    """The CPU's model name (/proc/cpuinfo on Linux, else what ``platform`` says)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.partition(":")[2].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "cpu"
+__all__ = ["current", "env_digest", "environment"]
 
 
 def environment(device: torch.device) -> dict[str, Any]:
@@ -46,11 +36,11 @@ def environment(device: torch.device) -> dict[str, Any]:
     if device.type == "cuda" and not torch.cuda.is_available():  # planning on fake CUDA tensors: no bank matches
         env.update(device="unavailable")
     elif device.type == "cuda":
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        major, minor = torch.cuda.get_device_capability(index)
-        env.update(device=torch.cuda.get_device_name(index), capability=f"{major}.{minor}", cuda=torch.version.cuda)
+        facts = gpu(device)
+        env.update(device=facts["name"], capability=facts["capability"], cuda=facts["cuda"])
     else:
-        env.update(device=cpu_model(), isa=torch.backends.cpu.get_cpu_capability(), threads=torch.get_num_threads())
+        facts = cpu()
+        env.update(device=facts["model"] or "cpu", isa=facts["isa"], threads=torch.get_num_threads())
     env.update(torch=torch.__version__, airgraph=airgraph.__version__)
     return env
 
@@ -58,3 +48,19 @@ def environment(device: torch.device) -> dict[str, Any]:
 def env_digest(env: dict[str, Any]) -> str:
     """A short stable digest of an environment (the name of its bank file)."""
     return hashlib.sha256(json.dumps(env, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def current(device: torch.device) -> tuple[dict[str, Any], str]:
+    """:func:`environment` of ``device`` and its digest, computed once per device (a CUDA one by its index) and
+    intra-op thread count, the one fact a process may change as it runs (``torch.set_num_threads``)."""
+    available = device.type == "cuda" and torch.cuda.is_available()
+    if available and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    env, digest = _current(device, available, torch.get_num_threads())
+    return dict(env), digest
+
+
+@functools.cache
+def _current(device: torch.device, available: bool, threads: int) -> tuple[dict[str, Any], str]:
+    env = environment(device)  # (available, threads): what environment() reads that may differ between calls
+    return env, env_digest(env)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from airgraph.lowering.select import Impl
 from airgraph.tuning.bank import TUNED, Bank, BankFile
 from airgraph.tuning.candidates import VERSIONS, op_candidates
-from airgraph.tuning.env import env_digest, environment
+from airgraph.tuning.env import current
 from airgraph.tuning.keys import unit_base, unit_key
 from airgraph.tuning.operators import find_units, op_graph
 from airgraph.tuning.params import freezable_positions, segment_frozen
@@ -36,9 +36,8 @@ __all__ = ["BankSource", "impl_for", "op_key", "segment_key"]
 
 
 def bank_file(bank: Bank, device: torch.device) -> tuple[BankFile, str]:
-    """This environment's file of ``bank`` and the environment's digest."""
-    env = environment(device)
-    digest = env_digest(env)
+    """This environment's file of ``bank`` and the environment's digest (computed once: tuning/env.py)."""
+    env, digest = current(device)
     return bank.file_for(env, digest), digest
 
 

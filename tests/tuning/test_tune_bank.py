@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from airgraph.store import StoreError
+from airgraph.store import StoreError, append_line
 from airgraph.tuning.bank import FORMAT, TUNED, UNSATISFIED, Bank, BankFile, Entry, bank_file_name
 
 ENV = {"device_type": "cpu", "device": "test cpu", "isa": "AVX2", "threads": 2, "torch": "2.13.0", "airgraph": "0.1.0"}
@@ -159,15 +159,42 @@ def test_another_version_or_device_is_never_used_and_counted_stale(tmp_path):
     assert set(BankFile(current.path).entries()) == {"k-new"}
 
 
+def test_another_environments_file_is_read_once_then_only_what_is_appended(tmp_path, monkeypatch):
+    other = Bank(tmp_path).file_for({**ENV, "torch": "2.12.0"}, "old")
+    for i in range(3):
+        other.commit(entry(f"k{i}", base=f"unit-{i}"))
+    bank = Bank(tmp_path)
+    current = bank.file_for(ENV, "new")
+    parsed = []  # (file, line) of every line parsed from now on
+    take = BankFile._take
+    monkeypatch.setattr(
+        BankFile, "_take", lambda self, raw, n: parsed.append((self.path.name, n)) or take(self, raw, n)
+    )
+    assert [f.path for f in bank.files()] == [other.path] and not parsed  # listing the files parses none
+    assert bank.stale_bases(current, {"op": 1}) == {"unit-0", "unit-1", "unit-2"}
+    assert parsed == [(other.path.name, n) for n in range(1, 5)]  # its header and records, once
+    assert bank.stale_bases(current, {"op": 1}) == {"unit-0", "unit-1", "unit-2"}  # the tuner's next graph
+    assert len(parsed) == 4
+    append_line(other.path, entry("k3", base="unit-3").to_json())  # another process commits one more
+    assert bank.stale_bases(current, {"op": 1}) == {"unit-0", "unit-1", "unit-2", "unit-3"}
+    assert parsed[4:] == [(other.path.name, 5)]
+
+
 def test_a_file_of_another_format_version_is_refused(tmp_path):
     path = tmp_path / bank_file_name(ENV, "d1")
     path.write_text(json.dumps({"format": FORMAT, "version": 99, "env": ENV}) + "\n" + entry("k").to_json() + "\n")
     bank = Bank(tmp_path).file_for(ENV, "d1")
-    with pytest.warns(UserWarning, match="tuning bank format version 99, this airgraph reads version 1"):
+    refused = "airgraph-tuning-bank version 99, this airgraph reads version 1; its records are not used"
+    with pytest.warns(UserWarning, match=refused):
         assert bank.lookup("k") is None
-    with pytest.raises(StoreError, match=r"format version 99.*remove it, or tune into another bank folder"):
+    with pytest.raises(StoreError, match=rf"{refused}.*; remove it, or tune into another bank folder"):
         bank.commit(entry("k2"))
     assert path.read_text().count("\n") == 2  # untouched
+    other = tmp_path / bank_file_name(ENV, "d2")  # the store's header check (airgraph/store.py), as every file's
+    other.write_text(json.dumps({"format": "airgraph-kernel-index", "version": 1}) + "\n" + entry("k").to_json() + "\n")
+    other_format = "expected a 'airgraph-tuning-bank' document, found 'airgraph-kernel-index'"
+    with pytest.warns(UserWarning, match=other_format):
+        assert Bank(tmp_path).file_for(ENV, "d2").lookup("k") is None
 
 
 def test_a_bank_folder_that_is_a_file_is_refused(tmp_path):

@@ -5,11 +5,16 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from airgraph import cli
 from airgraph.tuning import measure
-from airgraph.tuning.bank import BankFile
+from airgraph.tuning.bank import FORMAT, Bank, BankFile, bank_file_name
+from airgraph.tuning.candidates import VERSIONS
+from airgraph.tuning.source import bank_file
 from tests.tuning.seed_format import validate
+from tests.tuning.test_tune_bank import ENV
+from tests.tuning.test_tune_bank import entry as bank_entry
 
 MODEL = """
 import torch
@@ -72,3 +77,27 @@ def test_tune_and_bank_usage_errors(tmp_path, example, capsys):
     assert "show: give the KEY" in capsys.readouterr().err
     assert cli.main(["bank", "show", "nokey", "--bank", str(tmp_path)]) == 1
     assert "no entry with a key starting 'nokey'" in capsys.readouterr().err
+
+
+def test_list_stale_bases_and_prune_agree_on_what_is_stale(tmp_path, capsys):
+    """One stale rule (tuning/bank.py is_stale) for ``bank list``, the tuner's stale count and ``bank prune``."""
+    folder = tmp_path / "bank"
+    current, _ = bank_file(Bank(folder), torch.device("cpu"))
+    current.commit(bank_entry("in-use", base="unit-1"))
+    outdated = bank_entry("old-candidates", base="unit-2")
+    outdated.candidates = VERSIONS["op"] - 1
+    current.commit(outdated)
+    Bank(folder).file_for({**ENV, "torch": "2.12.0"}, "other").commit(bank_entry("other-torch", base="unit-3"))
+    unreadable = folder / bank_file_name(ENV, "unreadable")  # another format version: no entry is read from it
+    unreadable.write_text(json.dumps({"format": FORMAT, "version": 99, "env": ENV}) + "\n")
+
+    assert cli.main(["bank", "list", "--bank", str(folder), "--all"]) == 0
+    listing = capsys.readouterr().out
+    assert "3 entries shown, 2 stale" in listing
+    for key, stale in (("in-use", False), ("old-candidates", True), ("other-torch", True)):
+        assert cli.main(["bank", "show", key, "--bank", str(folder)]) == 0
+        assert json.loads(capsys.readouterr().out)["stale"] is stale
+    assert Bank(folder).stale_bases(current, VERSIONS) == {"unit-2", "unit-3"}
+    assert cli.main(["bank", "prune", "--bank", str(folder)]) == 0
+    assert "kept 1 record(s), dropped 2, removed 2 file(s)" in capsys.readouterr().out
+    assert [p.name for p in folder.glob("*.jsonl")] == [current.path.name]

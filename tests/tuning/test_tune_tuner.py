@@ -17,6 +17,7 @@ from airgraph.models import build_tiny_llama, decode_inputs
 from airgraph.runtime.device import CpuRuntime
 from airgraph.runtime.simulated import SimulatedCuda
 from airgraph.tuning.bank import TUNED, BankFile
+from airgraph.tuning.env import env_digest
 from tests.helpers import assert_close, make_config, top_level_ops
 from tests.tuning.seed_format import validate
 
@@ -272,10 +273,15 @@ def test_entries_of_another_torch_version_are_stale_and_never_used(tmp_path, mon
 
     model, x = model_and_input
     config = tuning_config(tmp_path, "op", kernel_backend="aten", **{"tuning.budget_s": 0.05})
-    current = source.environment
-    monkeypatch.setattr(source, "environment", lambda device: {**current(device), "torch": "2.11.0"})
+    current = source.current
+
+    def older_torch(device):
+        env = {**current(device)[0], "torch": "2.11.0"}
+        return env, env_digest(env)
+
+    monkeypatch.setattr(source, "current", older_torch)
     run_tuned(model, x, config, SimulatedCuda())  # the bank now holds the units, for torch "2.11.0"
-    monkeypatch.setattr(source, "environment", current)
+    monkeypatch.setattr(source, "current", current)
     torch._dynamo.reset()
     backend, _, _, events = run_tuned(model, x, config, SimulatedCuda())
     (task,) = backend.tuner.report.tasks
