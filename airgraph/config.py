@@ -40,13 +40,22 @@ class Option:
         allowed: str | None = None,
         env: str | None = None,
         normalize: Callable[[Any], Any] | None = None,
+        minimum: int | None = None,
     ) -> None:
         """``normalize`` maps an accepted spelling to the stored value before validation (an environment string,
-        a seed's alias such as AOE's "2" for "op")."""
+        a seed's alias such as AOE's "2" for "op"). ``minimum``: an int option's least value (None passes where
+        the types allow it), its ``check`` and ``allowed`` text both."""
         self.doc = doc
         self.normalize = normalize
         self._choices = choices
-        self.types = types if types is not None or choices is not None else type(default)
+        kinds = types if types is not None or choices is not None else type(default)
+        self.types: tuple[Any, ...] = kinds if isinstance(kinds, tuple) else (kinds,)
+        if minimum is not None:
+
+            def check(value: int | None) -> str | None:
+                return None if value is None or value >= minimum else f"must be >= {minimum}"
+
+            allowed = f"an int >= {minimum}" + (" or None" if type(None) in self.types else "")
         self.check = check
         self.allowed = allowed
         self.env = env
@@ -66,8 +75,7 @@ class Option:
             return ", ".join(repr(c) for c in self.choices)
         if self.allowed is not None:
             return self.allowed
-        types = self.types if isinstance(self.types, tuple) else (self.types,)
-        return " or ".join("None" if k is type(None) else k.__name__ for k in types)
+        return " or ".join("None" if k is type(None) else k.__name__ for k in self.types)
 
     def validate(self, path: str, value: Any) -> Any:
         def bad(reason: str = "") -> ValueError:
@@ -86,11 +94,10 @@ class Option:
             if value not in self.choices:
                 raise bad()
             return value
-        types = self.types if isinstance(self.types, tuple) else (self.types,)
         # bool is an int subclass: an int option must not take True, a bool option must not take 1.
-        if isinstance(value, bool) and bool not in types:
+        if isinstance(value, bool) and bool not in self.types:
             raise bad("a bool is not accepted here")
-        if not isinstance(value, types):
+        if not isinstance(value, self.types):
             raise bad(f"got {type(value).__name__}")
         if self.check is not None:
             reason = self.check(value)
@@ -102,10 +109,9 @@ class Option:
         if self.env is not None and self.env in os.environ:
             raw = os.environ[self.env]
             value: Any = raw
-            types = self.types if isinstance(self.types, tuple) else (self.types,)
-            if bool in types:
-                value = raw.strip().lower() in ("1", "true", "yes", "on")
-            elif int in types:
+            if bool in self.types:
+                value = _truthy(raw)
+            elif int in self.types:
                 try:
                     value = int(raw)
                 except ValueError:
@@ -115,6 +121,11 @@ class Option:
                     ) from None
             return value
         return copy.deepcopy(self.default)
+
+
+def _truthy(raw: str) -> bool:
+    """An environment variable's boolean: 1, true, yes or on (any case)."""
+    return raw.strip().lower() in ("1", "true", "yes", "on")
 
 
 def torch_cuda_caching_disabled() -> bool:
@@ -129,22 +140,6 @@ def _kernel_backends() -> tuple[str, ...]:
     from airgraph.lowering.backends import selectable
 
     return selectable()
-
-
-def _positive(value: int) -> str | None:
-    return None if value >= 1 else "must be >= 1"
-
-
-def _non_negative(value: int) -> str | None:
-    return None if value >= 0 else "must be >= 0"
-
-
-def _positive_or_none(value: int | None) -> str | None:
-    return None if value is None or value >= 1 else "must be >= 1"
-
-
-def _non_negative_or_none(value: int | None) -> str | None:
-    return None if value is None or value >= 0 else "must be >= 0"
 
 
 def _folder_or_none(value: str | None) -> str | None:
@@ -169,21 +164,16 @@ class OptionGroup:
 
     @classmethod
     def _options(cls) -> dict[str, Option]:
-        found: dict[str, Option] = {}
-        for klass in reversed(cls.__mro__):
-            for name, value in vars(klass).items():
-                if isinstance(value, Option):
-                    found[name] = value
-        return found
+        return {n: v for k in reversed(cls.__mro__) for n, v in vars(k).items() if isinstance(v, Option)}
 
     @classmethod
     def _groups(cls) -> dict[str, type[OptionGroup]]:
-        found: dict[str, type[OptionGroup]] = {}
-        for klass in reversed(cls.__mro__):
-            for name, value in vars(klass).items():
-                if isinstance(value, type) and issubclass(value, OptionGroup) and not name.startswith("_"):
-                    found[name] = value
-        return found
+        return {
+            n: v
+            for k in reversed(cls.__mro__)
+            for n, v in vars(k).items()
+            if isinstance(v, type) and issubclass(v, OptionGroup) and not n.startswith("_")
+        }
 
     def __getattribute__(self, name: str) -> Any:
         if not name.startswith("_"):
@@ -252,15 +242,13 @@ class OptionGroup:
         return type(other) is type(self) and self.as_dict() == other.as_dict()
 
     def __repr__(self) -> str:
-        def fmt(group: OptionGroup, indent: int) -> list[str]:
-            lines = []
+        def fmt(group: OptionGroup, indent: int) -> Iterator[str]:
             for name, value in group:
                 if isinstance(value, OptionGroup):
-                    lines.append(" " * indent + f"{name}:")
-                    lines.extend(fmt(value, indent + 2))
+                    yield " " * indent + f"{name}:"
+                    yield from fmt(value, indent + 2)
                 else:
-                    lines.append(" " * indent + f"{name} = {value!r}")
-            return lines
+                    yield " " * indent + f"{name} = {value!r}"
 
         return "\n".join([f"{type(self).__name__}(", *fmt(self, 2), ")"])
 
@@ -306,8 +294,7 @@ class HostPlacementConfig(OptionGroup):
     max_elements = Option(
         8,
         "Largest output (in elements) of an op that host placement moves to the CPU (GE uses 8).",
-        check=_non_negative,
-        allowed="an int >= 0",
+        minimum=0,
     )
 
 
@@ -315,12 +302,9 @@ class ReduceOverheadConfig(OptionGroup):
     capture_limit = Option(
         64,
         "Most input-shape keys captured per compiled graph; later keys run uncaptured (warned once).",
-        check=_positive,
-        allowed="an int >= 1",
+        minimum=1,
     )
-    warmup_iters = Option(
-        1, "Uncaptured runs of a new shape key before it is captured.", check=_positive, allowed="an int >= 1"
-    )
+    warmup_iters = Option(1, "Uncaptured runs of a new shape key before it is captured.", minimum=1)
 
 
 class ExperimentalConfig(OptionGroup):
@@ -339,8 +323,7 @@ class ExportConfig(OptionGroup):
     external_weights_threshold = Option(
         2 * 1024**3 - 200 * 1024**2,
         "Serialized model size in bytes above which weights are written as external files.",
-        check=_non_negative,
-        allowed="an int >= 0",
+        minimum=0,
     )
     experimental = ExportExperimentalConfig
 
@@ -381,24 +364,21 @@ class StaticKernelsConfig(OptionGroup):
         "Processes on this node sharing build_dir (torchrun sets LOCAL_WORLD_SIZE); required when LOCAL_RANK or "
         "WORLD_SIZE say there are several.",
         types=(int, type(None)),
-        check=_positive_or_none,
-        allowed="an int >= 1 or None",
+        minimum=1,
         env="LOCAL_WORLD_SIZE",
     )
     local_rank = Option(
         None,
         "This process's rank on its node (torchrun's LOCAL_RANK).",
         types=(int, type(None)),
-        check=_non_negative_or_none,
-        allowed="an int >= 0 or None",
+        minimum=0,
         env="LOCAL_RANK",
     )
     world_size = Option(
         None,
         "Processes in the whole job (torchrun's WORLD_SIZE).",
         types=(int, type(None)),
-        check=_positive_or_none,
-        allowed="an int >= 1 or None",
+        minimum=1,
         env="WORLD_SIZE",
     )
 
@@ -428,11 +408,7 @@ def _op_list(value: Any) -> Any:
 
 
 def _seconds(value: Any) -> Any:
-    if isinstance(value, str):
-        return float(value)
-    if isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    return value
+    return float(value) if isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool)) else value
 
 
 def _positive_float(value: float) -> str | None:
@@ -518,7 +494,7 @@ def torchair_tuning_environment() -> dict[str, Any]:
         if os.environ.get(env):
             found[name] = os.environ[env]
     if os.environ.get("REPEAT_TUNE"):
-        found["repeat"] = os.environ["REPEAT_TUNE"].strip().lower() in ("1", "true", "yes", "on")
+        found["repeat"] = _truthy(os.environ["REPEAT_TUNE"])
     return found
 
 
