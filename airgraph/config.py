@@ -9,112 +9,18 @@ Options live in nested groups, in the spirit of TorchAir's ``CompilerConfig``::
 
 Every assignment is validated: a bad value raises ``ValueError`` naming the option, the value and what is
 allowed; an unknown option raises ``AttributeError`` suggesting the nearest name. This module is also the
-only place that reads environment variables.
-
-(Over 400 lines because every option of every feature is declared here, in one place, by design: one file to
-read for what can be set, one reader of the environment.)
+only place that reads environment variables. How an option is declared, validated and grouped (``Option``,
+``OptionGroup``) is airgraph/options.py's; this file is the one to read for what can be set.
 """
 
 from __future__ import annotations
 
-import copy
-import difflib
 import os
-from collections.abc import Callable, Iterator
 from typing import Any
 
+from airgraph.options import Option, OptionGroup, truthy
+
 __all__ = ["CompilerConfig", "Option", "OptionGroup", "torch_cuda_caching_disabled", "torchair_tuning_environment"]
-
-
-class Option:
-    """One declared option: a default, a one-line doc, and what values it accepts."""
-
-    def __init__(
-        self,
-        default: Any,
-        doc: str,
-        *,
-        choices: tuple[Any, ...] | Callable[[], tuple[Any, ...]] | None = None,
-        types: type | tuple[type, ...] | None = None,
-        check: Callable[[Any], str | None] | None = None,
-        allowed: str | None = None,
-        env: str | None = None,
-        normalize: Callable[[Any], Any] | None = None,
-    ) -> None:
-        """``normalize`` maps an accepted spelling to the stored value before validation (an environment string,
-        a seed's alias such as AOE's "2" for "op")."""
-        self.doc = doc
-        self.normalize = normalize
-        self._choices = choices
-        self.types = types if types is not None or choices is not None else type(default)
-        self.check = check
-        self.allowed = allowed
-        self.env = env
-        self.name = "?"
-        self.default = default
-
-    @property
-    def choices(self) -> tuple[Any, ...] | None:
-        """The allowed values, or None; a callable is asked each time (a registry that lists them)."""
-        return self._choices() if callable(self._choices) else self._choices
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
-
-    def describe_allowed(self) -> str:
-        if self.choices is not None:
-            return ", ".join(repr(c) for c in self.choices)
-        if self.allowed is not None:
-            return self.allowed
-        types = self.types if isinstance(self.types, tuple) else (self.types,)
-        return " or ".join("None" if k is type(None) else k.__name__ for k in types)
-
-    def validate(self, path: str, value: Any) -> Any:
-        def bad(reason: str = "") -> ValueError:
-            extra = f" ({reason})" if reason else ""
-            return ValueError(
-                f"{path}: invalid value {value!r}{extra}; allowed values: {self.describe_allowed()}. {self.doc}"
-            )
-
-        if self.normalize is not None:
-            try:
-                value = self.normalize(value)
-            except (TypeError, ValueError) as exc:
-                raise bad(str(exc)) from None
-
-        if self.choices is not None:
-            if value not in self.choices:
-                raise bad()
-            return value
-        types = self.types if isinstance(self.types, tuple) else (self.types,)
-        # bool is an int subclass: an int option must not take True, a bool option must not take 1.
-        if isinstance(value, bool) and bool not in types:
-            raise bad("a bool is not accepted here")
-        if not isinstance(value, types):
-            raise bad(f"got {type(value).__name__}")
-        if self.check is not None:
-            reason = self.check(value)
-            if reason:
-                raise bad(reason)
-        return value
-
-    def initial(self) -> Any:
-        if self.env is not None and self.env in os.environ:
-            raw = os.environ[self.env]
-            value: Any = raw
-            types = self.types if isinstance(self.types, tuple) else (self.types,)
-            if bool in types:
-                value = raw.strip().lower() in ("1", "true", "yes", "on")
-            elif int in types:
-                try:
-                    value = int(raw)
-                except ValueError:
-                    raise ValueError(
-                        f"environment variable {self.env}={raw!r} is not an integer; unset it or give an integer. "
-                        f"{self.doc}"
-                    ) from None
-            return value
-        return copy.deepcopy(self.default)
 
 
 def torch_cuda_caching_disabled() -> bool:
@@ -131,138 +37,10 @@ def _kernel_backends() -> tuple[str, ...]:
     return selectable()
 
 
-def _positive(value: int) -> str | None:
-    return None if value >= 1 else "must be >= 1"
-
-
-def _non_negative(value: int) -> str | None:
-    return None if value >= 0 else "must be >= 0"
-
-
-def _positive_or_none(value: int | None) -> str | None:
-    return None if value is None or value >= 1 else "must be >= 1"
-
-
-def _non_negative_or_none(value: int | None) -> str | None:
-    return None if value is None or value >= 0 else "must be >= 0"
-
-
 def _folder_or_none(value: str | None) -> str | None:
     if value is None:
         return None
     return "an empty path" if not value.strip() else ("contains a NUL byte" if "\0" in value else None)
-
-
-class OptionGroup:
-    """A group of options and nested groups; subclasses declare them as class attributes."""
-
-    _path = "CompilerConfig"
-
-    def __init__(self, path: str | None = None) -> None:
-        object.__setattr__(self, "_path", path or type(self)._path)
-        object.__setattr__(self, "_values", {})
-        for name, opt in self._options().items():
-            value = opt.initial()
-            self._values[name] = opt.validate(f"{self._path}.{name}", value)
-        for name, group_cls in self._groups().items():
-            object.__setattr__(self, name, group_cls(f"{self._path}.{name}"))
-
-    @classmethod
-    def _options(cls) -> dict[str, Option]:
-        found: dict[str, Option] = {}
-        for klass in reversed(cls.__mro__):
-            for name, value in vars(klass).items():
-                if isinstance(value, Option):
-                    found[name] = value
-        return found
-
-    @classmethod
-    def _groups(cls) -> dict[str, type[OptionGroup]]:
-        found: dict[str, type[OptionGroup]] = {}
-        for klass in reversed(cls.__mro__):
-            for name, value in vars(klass).items():
-                if isinstance(value, type) and issubclass(value, OptionGroup) and not name.startswith("_"):
-                    found[name] = value
-        return found
-
-    def __getattribute__(self, name: str) -> Any:
-        if not name.startswith("_"):
-            values = object.__getattribute__(self, "_values")
-            if name in values:
-                return values[name]
-        return object.__getattribute__(self, name)
-
-    def __getattr__(self, name: str) -> Any:
-        raise AttributeError(self._unknown(name))
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        options = self._options()
-        if name in options:
-            self._values[name] = options[name].validate(f"{self._path}.{name}", value)
-            return
-        if name in self._groups():
-            raise AttributeError(f"{self._path}.{name} is an option group; set its options instead")
-        raise AttributeError(self._unknown(name))
-
-    def _unknown(self, name: str) -> str:
-        known = sorted([*self._options(), *self._groups()])
-        near = difflib.get_close_matches(name, known, n=1, cutoff=0.5)
-        hint = f"; did you mean {near[0]!r}?" if near else ""
-        return f"{self._path} has no option {name!r}{hint} Known: {', '.join(known)}"
-
-    def __iter__(self) -> Iterator[tuple[str, Any]]:
-        for name in self._options():
-            yield name, self._values[name]
-        for name in self._groups():
-            yield name, getattr(self, name)
-
-    def as_dict(self) -> dict[str, Any]:
-        """All options as a nested plain dict (groups become dicts)."""
-        return {name: value.as_dict() if isinstance(value, OptionGroup) else value for name, value in self}
-
-    def update(self, values: dict[str, Any]) -> None:
-        """Set options from a nested dict, validating each one (the inverse of ``as_dict``)."""
-        for name, value in values.items():
-            if name in self._groups():
-                if not isinstance(value, dict):
-                    raise ValueError(f"{self._path}.{name} is an option group; give it a dict, not {value!r}")
-                getattr(self, name).update(value)
-            else:
-                setattr(self, name, value)
-
-    def describe(self) -> dict[str, str]:
-        """Flat ``{"group.option": doc}`` of every option, for help texts and docs."""
-        out: dict[str, str] = {}
-        for name, opt in self._options().items():
-            out[name] = f"{opt.doc} Allowed: {opt.describe_allowed()}. Default: {opt.default!r}."
-        for name in self._groups():
-            for sub, doc in getattr(self, name).describe().items():
-                out[f"{name}.{sub}"] = doc
-        return out
-
-    def __deepcopy__(self, memo: dict) -> OptionGroup:
-        new = object.__new__(type(self))
-        object.__setattr__(new, "_path", self._path)
-        object.__setattr__(new, "_values", copy.deepcopy(self._values, memo))
-        for name in self._groups():
-            object.__setattr__(new, name, copy.deepcopy(getattr(self, name), memo))
-        return new
-
-    def __eq__(self, other: object) -> bool:
-        return type(other) is type(self) and self.as_dict() == other.as_dict()
-
-    def __repr__(self) -> str:
-        def fmt(group: OptionGroup, indent: int) -> list[str]:
-            lines = []
-            for name, value in group:
-                if isinstance(value, OptionGroup):
-                    lines.append(" " * indent + f"{name}:")
-                    lines.extend(fmt(value, indent + 2))
-                else:
-                    lines.append(" " * indent + f"{name} = {value!r}")
-            return lines
-
-        return "\n".join([f"{type(self).__name__}(", *fmt(self, 2), ")"])
 
 
 class DebugConfig(OptionGroup):
@@ -306,8 +84,7 @@ class HostPlacementConfig(OptionGroup):
     max_elements = Option(
         8,
         "Largest output (in elements) of an op that host placement moves to the CPU (GE uses 8).",
-        check=_non_negative,
-        allowed="an int >= 0",
+        minimum=0,
     )
 
 
@@ -315,12 +92,9 @@ class ReduceOverheadConfig(OptionGroup):
     capture_limit = Option(
         64,
         "Most input-shape keys captured per compiled graph; later keys run uncaptured (warned once).",
-        check=_positive,
-        allowed="an int >= 1",
+        minimum=1,
     )
-    warmup_iters = Option(
-        1, "Uncaptured runs of a new shape key before it is captured.", check=_positive, allowed="an int >= 1"
-    )
+    warmup_iters = Option(1, "Uncaptured runs of a new shape key before it is captured.", minimum=1)
 
 
 class ExperimentalConfig(OptionGroup):
@@ -339,8 +113,7 @@ class ExportConfig(OptionGroup):
     external_weights_threshold = Option(
         2 * 1024**3 - 200 * 1024**2,
         "Serialized model size in bytes above which weights are written as external files.",
-        check=_non_negative,
-        allowed="an int >= 0",
+        minimum=0,
     )
     experimental = ExportExperimentalConfig
 
@@ -381,24 +154,21 @@ class StaticKernelsConfig(OptionGroup):
         "Processes on this node sharing build_dir (torchrun sets LOCAL_WORLD_SIZE); required when LOCAL_RANK or "
         "WORLD_SIZE say there are several.",
         types=(int, type(None)),
-        check=_positive_or_none,
-        allowed="an int >= 1 or None",
+        minimum=1,
         env="LOCAL_WORLD_SIZE",
     )
     local_rank = Option(
         None,
         "This process's rank on its node (torchrun's LOCAL_RANK).",
         types=(int, type(None)),
-        check=_non_negative_or_none,
-        allowed="an int >= 0 or None",
+        minimum=0,
         env="LOCAL_RANK",
     )
     world_size = Option(
         None,
         "Processes in the whole job (torchrun's WORLD_SIZE).",
         types=(int, type(None)),
-        check=_positive_or_none,
-        allowed="an int >= 1 or None",
+        minimum=1,
         env="WORLD_SIZE",
     )
 
@@ -428,11 +198,7 @@ def _op_list(value: Any) -> Any:
 
 
 def _seconds(value: Any) -> Any:
-    if isinstance(value, str):
-        return float(value)
-    if isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    return value
+    return float(value) if isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool)) else value
 
 
 def _positive_float(value: float) -> str | None:
@@ -518,12 +284,13 @@ def torchair_tuning_environment() -> dict[str, Any]:
         if os.environ.get(env):
             found[name] = os.environ[env]
     if os.environ.get("REPEAT_TUNE"):
-        found["repeat"] = os.environ["REPEAT_TUNE"].strip().lower() in ("1", "true", "yes", "on")
+        found["repeat"] = truthy(os.environ["REPEAT_TUNE"])
     return found
 
 
 class CompilerConfig(OptionGroup):
-    """All options of one airgraph compilation. Copy it freely: the backend keeps its own deep copy."""
+    """All options of one airgraph compilation. Copy it freely: the backend keeps its own deep copy. A new one
+    starts from the environment variables its options name."""
 
     mode = Option(
         "max-autotune",
@@ -546,3 +313,6 @@ class CompilerConfig(OptionGroup):
     export = ExportConfig
     static_kernels = StaticKernelsConfig
     tuning = TuningConfig
+
+    def __init__(self, path: str | None = None) -> None:
+        super().__init__(path, os.environ)

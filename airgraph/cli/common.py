@@ -1,20 +1,36 @@
-"""What every subcommand shares: the usage error, the console, and loading a user's example (a .py file or a
-module defining ``airgraph_example()``). Imports no torch."""
+"""What every subcommand shares: the usage error, the console, and naming the model a command runs (inspect, tune,
+export): the TARGET argument with its tiny-llama options (``add_target_options``) and loading it (``load_target``:
+the built-in tiny LLaMA, or a user's example, a .py file or a module defining ``airgraph_example()``). Imports no
+torch; loading a target does."""
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import importlib.util
 import sys
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-__all__ = ["EXAMPLE_SIGNATURE", "CliError", "load_example", "load_file", "make_console"]
+if TYPE_CHECKING:
+    import torch
+
+__all__ = [
+    "EXAMPLE_SIGNATURE",
+    "CliError",
+    "add_target_options",
+    "load_example",
+    "load_file",
+    "load_target",
+    "make_console",
+]
 
 EXAMPLE_SIGNATURE = "def airgraph_example() -> (fn_or_module, args) or (fn_or_module, args, kwargs)"
+TARGET_HELP = "tiny-llama, path/to/file.py or package.module[:attr]"
+DEVICE_HELP = "auto (CUDA when available), cpu, cuda, cuda:N"
 # Width of tables when output is not a terminal (a file, a pipe): rich would cut them at 80 columns.
 REDIRECTED_WIDTH = 160
 
@@ -31,6 +47,69 @@ def make_console(*, stderr: bool = False) -> Console:
     """A rich console; when redirected, wide enough that tables are not cut."""
     stream = sys.stderr if stderr else sys.stdout
     return Console(stderr=stderr, width=None if stream.isatty() else REDIRECTED_WIDTH)
+
+
+def add_target_options(
+    parser: argparse.ArgumentParser,
+    *,
+    metavar: str = "SCRIPT_OR_MODEL",
+    target_help: str = TARGET_HELP,
+    decode: bool = True,
+    device_help: str = DEVICE_HELP,
+) -> argparse._ArgumentGroup:
+    """The ``target`` argument and the "tiny-llama options" group, for ``load_target``; added after the command's own
+    options, which its usage lists first. ``decode``: the model runs here, a decode step (``--phase``'s default) or
+    the prefill, on ``--device``, after a ``--prompt-len`` prompt; without it the prefill alone, on the CPU, its
+    prompt ``--seq-len`` long (export's name for it). Returns the group, for a command's own tiny-llama options."""
+    parser.add_argument("target", metavar=metavar, help=target_help)
+    llama = parser.add_argument_group("tiny-llama options")
+    llama.add_argument("--preset", default="tiny", help="tiny, small, micro (default: %(default)s)")
+    if decode:
+        llama.add_argument("--phase", default="decode", choices=["decode", "prefill"])
+    else:
+        prefill_help = "prefill from empty KV caches (the caches are baked in)"
+        llama.add_argument("--phase", default="prefill", choices=["prefill"], help=prefill_help)
+    llama.add_argument("--batch", type=int, default=1, help="example batch size (default: %(default)s)")
+    if decode:
+        llama.add_argument("--prompt-len", type=int, default=8, help="prefill length; decode runs at this position")
+        llama.add_argument("--device", default="auto", help=device_help)
+    else:
+        prompt_help = "example prompt length (default: %(default)s)"
+        llama.add_argument("--seq-len", dest="prompt_len", metavar="SEQ_LEN", type=int, default=8, help=prompt_help)
+    return llama
+
+
+def load_target(
+    args: argparse.Namespace,
+    *,
+    device: str | torch.device | None = None,
+    seed: int = 0,
+    max_batch_size: int | None = None,
+) -> tuple[Any, tuple, dict]:
+    """``(fn_or_module, args, kwargs)`` for ``add_target_options``' arguments: the tiny LLaMA built from its options
+    (on ``device``, default ``--device``; weights and tokens from ``seed``; ``max_batch_size`` KV cache rows, default
+    ``--batch``), else the example that ``args.target`` defines (``load_example``)."""
+    if args.target != "tiny-llama":
+        return load_example(args.target)
+    import torch
+
+    from airgraph.models import build_tiny_llama, decode_inputs, prefill_inputs
+
+    try:
+        if device is None:
+            from airgraph.bench.decode import resolve_device
+
+            device = resolve_device(args.device)
+        model = build_tiny_llama(args.preset, seed=seed, max_batch_size=max_batch_size or args.batch, device=device)
+        prefill = prefill_inputs(model.config, args.batch, args.prompt_len, seed=seed, device=device)
+        if args.phase == "prefill":
+            return model, prefill, {}
+        decode = decode_inputs(model.config, args.batch, args.prompt_len, seed=seed, device=device)
+    except ValueError as exc:
+        raise CliError(f"tiny-llama: {exc}") from None
+    with torch.no_grad():
+        model(*prefill)  # caches hold the prompt, as in generation
+    return model, decode, {}
 
 
 def load_example(target: str) -> tuple[Any, tuple, dict]:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from airgraph.cli.common import EXAMPLE_SIGNATURE, CliError, load_example, load_file, make_console
+from airgraph.cli.common import EXAMPLE_SIGNATURE, CliError, add_target_options, load_file, load_target, make_console
 from airgraph.config import CompilerConfig
 
 if TYPE_CHECKING:
@@ -37,7 +37,6 @@ def add_parsers(sub: Any, docs: dict[str, str]) -> None:
         f"without --input, a .py file or module[:attr] as in `airgraph inspect` ({EXAMPLE_SIGNATURE}). "
         "Exits 1 if the model cannot be exported (graph break, data-dependent control flow, unsupported op).",
     )
-    exp.add_argument("target", metavar="MODEL", help="tiny-llama, path/to/file.py[:attr] or package.module[:attr]")
     exp.add_argument(
         "--input",
         action="append",
@@ -61,13 +60,12 @@ def add_parsers(sub: Any, docs: dict[str, str]) -> None:
         "--record-module-stack", action="store_true", help=docs["export.experimental.enable_record_nn_module_stack"]
     )
     exp.add_argument("--seed", type=int, default=0, help="weights and example inputs seed (default: 0)")
-    llama = exp.add_argument_group("tiny-llama options")
-    llama.add_argument("--preset", default="tiny", help="tiny, small, micro (default: %(default)s)")
-    llama.add_argument(
-        "--phase", default="prefill", choices=["prefill"], help="prefill from empty KV caches (the caches are baked in)"
+    llama = add_target_options(
+        exp,
+        metavar="MODEL",
+        target_help="tiny-llama, path/to/file.py[:attr] or package.module[:attr]",
+        decode=False,
     )
-    llama.add_argument("--batch", type=int, default=1, help="example batch size (default: %(default)s)")
-    llama.add_argument("--seq-len", type=int, default=8, help="example prompt length (default: %(default)s)")
     llama.add_argument(
         "--max-batch-size",
         type=int,
@@ -124,17 +122,11 @@ def _export_target(args: argparse.Namespace) -> tuple[Any, tuple, dict, str]:
     import torch
 
     if args.target == "tiny-llama":
-        from airgraph.models import build_tiny_llama, prefill_inputs
-
-        try:
-            max_batch = args.max_batch_size or (max(args.batch, 8) if args.dynamic else args.batch)
-            model = build_tiny_llama(args.preset, seed=args.seed, max_batch_size=max_batch)
-            inputs = prefill_inputs(model.config, args.batch, args.seq_len, seed=args.seed)
-        except ValueError as exc:
-            raise CliError(f"tiny-llama: {exc}") from None
-        return model, inputs, {}, f"tiny LLaMA {args.preset!r} prefill, batch {args.batch}, seq_len {args.seq_len}"
+        max_batch = args.max_batch_size or (max(args.batch, 8) if args.dynamic else args.batch)
+        model, inputs, _ = load_target(args, device="cpu", seed=args.seed, max_batch_size=max_batch)
+        return model, inputs, {}, f"tiny LLaMA {args.preset!r} prefill, batch {args.batch}, seq_len {args.prompt_len}"
     if not args.input:
-        fn, fargs, fkwargs = load_example(args.target)
+        fn, fargs, fkwargs = load_target(args)
         if isinstance(fn, torch.nn.Module):
             return fn, fargs, fkwargs, args.target
         module, fargs, fkwargs = _function_module(fn, fargs, fkwargs)

@@ -7,7 +7,7 @@ from typing import Any
 
 from rich.console import Console
 
-from airgraph.cli.common import EXAMPLE_SIGNATURE, CliError, load_example, make_console
+from airgraph.cli.common import DEVICE_HELP, EXAMPLE_SIGNATURE, CliError, add_target_options, load_target, make_console
 from airgraph.config import CompilerConfig
 
 __all__ = ["add_parsers"]
@@ -21,23 +21,16 @@ def add_parsers(sub: Any, docs: dict[str, str]) -> None:
         "TARGET is 'tiny-llama' (the built-in model), a path to a .py file, or package.module[:attr]; a file "
         f"or module must define `{EXAMPLE_SIGNATURE}` (with :attr, that attribute instead).",
     )
-    ins.add_argument("target", metavar="SCRIPT_OR_MODEL", help="tiny-llama, path/to/file.py or package.module[:attr]")
     ins.add_argument("--mode", default=None, help=docs["mode"])
     ins.add_argument("--kernel-backend", default=None, help=docs["kernel_backend"])
     ins.add_argument("--json", default=None, metavar="PATH", help="also write report.to_dict() as JSON")
     ins.add_argument(
         "--grad", action="store_true", help="keep autograd on (default: run under torch.no_grad, an inference graph)"
     )
-    llama = ins.add_argument_group("tiny-llama options")
-    llama.add_argument("--preset", default="tiny", help="tiny, small, micro (default: %(default)s)")
-    llama.add_argument("--phase", default="decode", choices=["decode", "prefill"])
-    llama.add_argument("--batch", type=int, default=1)
-    llama.add_argument("--prompt-len", type=int, default=8, help="prefill length; decode runs at this position")
-    llama.add_argument(
-        "--device",
-        default="auto",
-        help="auto (CUDA when available), cpu, cuda, cuda:N; cuda without a GPU plans on fake CUDA tensors "
-        "(placements, segments and streams as the GPU run would have them; nothing runs)",
+    add_target_options(
+        ins,
+        device_help=f"{DEVICE_HELP}; cuda without a GPU plans on fake CUDA tensors (placements, segments and streams "
+        "as the GPU run would have them; nothing runs)",
     )
     ins.set_defaults(handler=cmd_inspect)
 
@@ -60,12 +53,7 @@ def cmd_inspect(args: argparse.Namespace, console: Console) -> int:
     # --device cuda without a GPU: build on the CPU, then plan on fake CUDA tensors (compiles, runs nothing).
     planning = args.device.startswith("cuda") and not torch.cuda.is_available()
     target_device = args.device
-    if planning:
-        args.device = "cpu"
-    if args.target == "tiny-llama":
-        fn, fargs, fkwargs = _tiny_llama_example(args)
-    else:
-        fn, fargs, fkwargs = load_example(args.target)
+    fn, fargs, fkwargs = load_target(args, device="cpu" if planning else None)
     grad = torch.enable_grad() if args.grad else torch.no_grad()
     what = (
         f"planning {args.target} for {target_device} (no GPU here: fake tensors, nothing runs)"
@@ -88,23 +76,3 @@ def cmd_inspect(args: argparse.Namespace, console: Console) -> int:
         path = write_json(report.to_dict(), args.json)
         console.print(f"wrote {path}", highlight=False)
     return 0
-
-
-def _tiny_llama_example(args: argparse.Namespace) -> tuple[Any, tuple, dict]:
-    import torch
-
-    from airgraph.bench import decode as bench
-    from airgraph.models import build_tiny_llama, decode_inputs, prefill_inputs
-
-    try:
-        device = bench.resolve_device(args.device)
-        model = build_tiny_llama(args.preset, max_batch_size=args.batch, device=device)
-        prefill = prefill_inputs(model.config, args.batch, args.prompt_len, device=device)
-        if args.phase == "prefill":
-            return model, prefill, {}
-        decode = decode_inputs(model.config, args.batch, args.prompt_len, device=device)
-    except ValueError as exc:
-        raise CliError(f"tiny-llama: {exc}") from None
-    with torch.no_grad():
-        model(*prefill)  # caches hold the prompt, as in generation
-    return model, decode, {}

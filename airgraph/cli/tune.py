@@ -9,7 +9,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from airgraph.cli.common import EXAMPLE_SIGNATURE, CliError, load_example, make_console
+from airgraph.cli.common import EXAMPLE_SIGNATURE, CliError, add_target_options, load_target, make_console
 from airgraph.config import CompilerConfig
 
 __all__ = ["add_parsers", "cmd_tune"]
@@ -25,7 +25,6 @@ def add_parsers(sub: Any, docs: dict[str, str]) -> None:
         "aoe_result_sgat_*.json) into --work-path. TARGET is 'tiny-llama', a .py file or package.module[:attr] "
         f"defining `{EXAMPLE_SIGNATURE}`; it runs under torch.no_grad.",
     )
-    p.add_argument("target", metavar="SCRIPT_OR_MODEL", help="tiny-llama, path/to/file.py or package.module[:attr]")
     p.add_argument("--mode", required=True, help="op or subgraph (AOE's 2 or 1): " + docs["tuning.mode"])
     p.add_argument("--bank", default=None, metavar="DIR", help=docs["tuning.bank_dir"])
     p.add_argument("--work-path", default=None, metavar="DIR", help=docs["tuning.work_path"])
@@ -37,12 +36,7 @@ def add_parsers(sub: Any, docs: dict[str, str]) -> None:
         "--subgraph-budget", type=float, default=None, metavar="SECONDS", help=docs["tuning.subgraph_budget_s"]
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    llama = p.add_argument_group("tiny-llama options")
-    llama.add_argument("--preset", default="tiny", help="tiny, small, micro (default: %(default)s)")
-    llama.add_argument("--phase", default="decode", choices=["decode", "prefill"])
-    llama.add_argument("--batch", type=int, default=1)
-    llama.add_argument("--prompt-len", type=int, default=8, help="prefill length; decode runs at this position")
-    llama.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda, cuda:N")
+    add_target_options(p)
     p.set_defaults(handler=cmd_tune)
 
 
@@ -50,7 +44,6 @@ def cmd_tune(args: argparse.Namespace, console: Console) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     import airgraph
-    from airgraph.cli.inspect import _tiny_llama_example
 
     config = CompilerConfig()
     try:
@@ -67,10 +60,7 @@ def cmd_tune(args: argparse.Namespace, console: Console) -> int:
             config.tuning.ops = args.ops
     except ValueError as exc:
         raise CliError(str(exc)) from None
-    if args.target == "tiny-llama":
-        fn, fargs, fkwargs = _tiny_llama_example(args)
-    else:
-        fn, fargs, fkwargs = load_example(args.target)
+    fn, fargs, fkwargs = load_target(args)
     progress = Progress(
         TextColumn("{task.description}"),
         BarColumn(),
