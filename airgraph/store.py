@@ -12,6 +12,9 @@ Four promises, whoever writes:
   :class:`StoreError` that names the file and what to do;
 - **digested**: :func:`file_digest` (sha256) lets a manifest say what each file must hold.
 
+Files that name the process that wrote them (a build claim, a node registration) ask :func:`process_alive`
+whether it still runs.
+
 Importable without torch.
 """
 
@@ -22,6 +25,7 @@ import hashlib
 import json
 import os
 import shutil
+import socket
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -152,6 +156,20 @@ def locked(path: str | os.PathLike[str], *, timeout: float | None = None) -> Ite
         yield
     finally:
         lock.release()
+
+
+def process_alive(pid: int, host: str | None = None) -> bool:
+    """Whether process ``pid`` of ``host`` (this machine when None) runs. Only a pid that no process of this machine
+    has is dead: another machine's cannot be checked from here, and one this process may not signal exists."""
+    if host is not None and host != socket.gethostname():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
 
 
 def append_line(path: str | os.PathLike[str], line: str) -> None:

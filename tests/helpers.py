@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import subprocess
+import sys
 from typing import Any
 
 import torch
@@ -60,6 +62,13 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def exited_pid() -> int:
+    """The pid of a process of this machine that has exited (a claim or registration left behind by a crash)."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
 
 
 @torch.library.custom_op("airgraph_test::unsafe_double", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))

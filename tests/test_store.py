@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import socket
 from pathlib import Path
 
 import pytest
 
 from airgraph import store
+from tests.helpers import exited_pid
 
 
 def test_an_atomic_write_that_fails_leaves_the_old_file_and_no_temporary(tmp_path, monkeypatch):
@@ -119,3 +121,16 @@ def test_a_staging_folder_that_is_not_moved_is_removed(tmp_path):
         (stage / "half.so").write_text("half")
         raise RuntimeError("build failed")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_only_a_pid_no_process_of_this_machine_has_is_dead(monkeypatch):
+    assert store.process_alive(os.getpid()) and store.process_alive(os.getpid(), socket.gethostname())
+    dead = exited_pid()
+    assert not store.process_alive(dead) and not store.process_alive(dead, socket.gethostname())
+    assert store.process_alive(dead, "another-host")  # cannot be checked from here
+
+    def refused(pid: int, signal: int) -> None:
+        raise PermissionError("not ours to signal")
+
+    monkeypatch.setattr(os, "kill", refused)
+    assert store.process_alive(dead)  # it exists

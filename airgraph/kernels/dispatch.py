@@ -33,9 +33,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 from airgraph.kernels.build import outside_compilation, tensor_outputs
-from airgraph.kernels.shapes import Bindings, bind, concrete, shape_id, symbolic_positions
+from airgraph.kernels.shapes import Bindings, VaryingKey, bind, concrete
 from airgraph.lowering import backends
-from airgraph.lowering.keys import shape_key
 from airgraph.lowering.layouts import propagate, same_layout
 from airgraph.lowering.request import LowerRequest
 
@@ -71,9 +70,8 @@ class StaticKernelSegment:
         self._boxed_call = True
         self.source, self.request, self.fallback, self.graph_key = source, request, fallback, graph_key
         inputs = request.example_inputs
-        varying = symbolic_positions(inputs)
-        self._varying_tensors = [i for i in varying if isinstance(inputs[i], torch.Tensor)]
-        self._varying_values = [i for i in varying if not isinstance(inputs[i], torch.Tensor)]
+        self.varying = VaryingKey(inputs)
+        self._key = self.varying.key
         self._tensors = [i for i, v in enumerate(inputs) if isinstance(v, torch.Tensor)]
         gm = request.gm
         self._tensor_outputs = tensor_outputs(gm)
@@ -91,11 +89,7 @@ class StaticKernelSegment:
 
     # -- calls -------------------------------------------------------------------------------------------
     def __call__(self, args: list) -> Any:
-        key = (
-            *[args[i].shape for i in self._varying_tensors],
-            *[args[i].stride() for i in self._varying_tensors],
-            *[args[i] for i in self._varying_values],
-        )
+        key = self._key(args)
         run = self._runs.get(key)
         if run is None or (self._waiting and key in self._waiting):
             run = self._resolve(key, args)
@@ -107,8 +101,7 @@ class StaticKernelSegment:
             if now < self._next_check or self._capturing():
                 return self._runs[key]
             self._next_check = now + RECHECK_SECONDS
-        sid = shape_id(shape_key(args))
-        label = self._label(args)
+        sid, label = self.varying.shape_id_of(args), self.varying.label(args)
         bindings = bind(self.request.example_inputs, args)
         kernel = self.source.load(self.graph_key, sid, self.request.device)
         if kernel is not None:
@@ -185,17 +178,9 @@ class StaticKernelSegment:
         return fixes
 
     # -- reports -----------------------------------------------------------------------------------------
-    def _label(self, args: list) -> str:
-        """What varies in a key, readably: the sizes of the inputs that vary and the values of SymInts."""
-        parts = [str(list(args[i].shape)) for i in self._varying_tensors]
-        parts += [str(args[i]) for i in self._varying_values]
-        return " ".join(parts) or "static"
-
     def label(self, specs: list[dict[str, Any]]) -> str:
-        """The same label for a key given as specs (kernels/shapes.py)."""
-        parts = [str(list(specs[i]["shape"])) for i in self._varying_tensors]
-        parts += [str(specs[i]["value"]) for i in self._varying_values]
-        return " ".join(parts) or "static"
+        """The label of a key given as specs (kernels/shapes.py), as the reports list the keys that ran."""
+        return self.varying.spec_label(specs)
 
     def attach(self, report: Any, index: int) -> None:
         """Keep ``report.segments[index]`` (a GraphReport's, filled after lowering) saying what ran."""

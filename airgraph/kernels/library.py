@@ -48,6 +48,7 @@ from airgraph.kernels import package as pkg
 from airgraph.store import (
     file_digest,
     locked,
+    process_alive,
     read_json,
     replace_dir,
     staging_dir,
@@ -83,16 +84,15 @@ def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="microseconds")
 
 
-def _alive(owner: dict[str, Any]) -> bool:
+def _claim_held(owner: dict[str, Any]) -> bool:
+    """Whether the process a claim names still holds it: one of another host until the claim is stale."""
     if owner.get("host") != socket.gethostname():
         return time.time() - float(owner.get("time", 0)) < CLAIM_STALE_SECONDS
     try:
-        os.kill(int(owner["pid"]), 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OSError, KeyError, ValueError):
+        pid = int(owner["pid"])
+    except (KeyError, ValueError):
         return True
-    return True
+    return process_alive(pid)
 
 
 class KernelLibrary:
@@ -267,7 +267,7 @@ class KernelLibrary:
                     owner = json.loads(path.read_text())
                 except (OSError, json.JSONDecodeError):
                     owner = {}
-                if owner.get("pid") != os.getpid() and _alive(owner):
+                if owner.get("pid") != os.getpid() and _claim_held(owner):
                     return "taken"
             owner = {"pid": os.getpid(), "host": socket.gethostname(), "time": time.time()}
             write_text_atomic(path, json.dumps(owner), durable=False)  # read without the lock: never torn
@@ -290,7 +290,7 @@ class KernelLibrary:
             owner = json.loads(self._claim_path(kid).read_text())
         except (OSError, json.JSONDecodeError):
             return False
-        return owner.get("pid") != os.getpid() and _alive(owner)
+        return owner.get("pid") != os.getpid() and _claim_held(owner)
 
     def _claim_path(self, kid: str) -> Path:
         return self.root / "claims" / (kid.replace("/", "-") + ".json")

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from airgraph.store import locked, read_json, write_json_atomic
+from airgraph.store import locked, process_alive, read_json, write_json_atomic
 
 __all__ = ["StaticKernelsError", "register_process"]
 
@@ -27,18 +27,6 @@ VERSION = 1
 
 class StaticKernelsError(RuntimeError):
     """Static kernels cannot be used as configured (e.g. several processes on a node without LOCAL_WORLD_SIZE)."""
-
-
-def _alive(pid: int, host: str) -> bool:
-    if host != socket.gethostname():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True
 
 
 def register_process(
@@ -61,7 +49,7 @@ def register_process(
             processes: dict[str, Any] = read_json(path, format=FORMAT, version=VERSION)["processes"]
         except FileNotFoundError:
             processes = {}
-        live = {k: p for k, p in processes.items() if _alive(int(p["pid"]), p["host"])}
+        live = {k: p for k, p in processes.items() if process_alive(int(p["pid"]), p["host"])}
         for p in live.values():
             if p["pid"] != os.getpid() and p["local_world_size"] != local_world_size:
                 raise StaticKernelsError(

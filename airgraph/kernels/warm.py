@@ -44,8 +44,8 @@ import torch
 
 from airgraph.config import CompilerConfig
 from airgraph.kernels import package as pkg
-from airgraph.kernels.shapes import shape_id, symbolic_positions
-from airgraph.lowering.keys import graph_key, shape_key
+from airgraph.kernels.shapes import VaryingKey, shape_id
+from airgraph.lowering.keys import graph_key
 
 if TYPE_CHECKING:
     from airgraph.graph.program import Segment
@@ -235,9 +235,8 @@ class WarmGraph:
         segment's kernels read, in order."""
         self.kernels, self.gm, self.segment_key, self.positions = kernels, gm, segment_key, positions
         self.tensors = [p for p in positions if isinstance(traced[p], torch.Tensor)]
-        varying = [positions[i] for i in symbolic_positions([traced[p] for p in positions])]
-        self._varying_tensors = [i for i in varying if isinstance(traced[i], torch.Tensor)]
-        self._varying_values = [i for i in varying if not isinstance(traced[i], torch.Tensor)]
+        self.varying = VaryingKey(traced, positions)
+        self._key = self.varying.key
         self.runs: dict[tuple, Any] = {}
         self.source: dict[str, Any] = {
             "graph_key": segment_key,
@@ -248,18 +247,14 @@ class WarmGraph:
         self.num_nodes = len(gm.graph.nodes)
 
     def __call__(self, *args: Any) -> Any:
-        key = (
-            *[args[i].shape for i in self._varying_tensors],
-            *[args[i].stride() for i in self._varying_tensors],
-            *[args[i] for i in self._varying_values],
-        )
+        key = self._key(args)
         run = self.runs.get(key)
         if run is None:
             run = self.runs[key] = self._resolve(args)
         return run(args)
 
     def _resolve(self, args: tuple) -> Any:
-        sid = shape_id(shape_key([args[p] for p in self.positions]))
+        sid = self.varying.shape_id_of(args)
         kernel = self.kernels.load(self.segment_key, sid, torch.device("cpu"))
         if kernel is None:
             warnings.warn(
@@ -268,7 +263,6 @@ class WarmGraph:
                 stacklevel=3,
             )
             return lambda a: self.gm(*a)
-        parts = [str(list(args[i].shape)) for i in self._varying_tensors] + [str(args[i]) for i in self._varying_values]
-        self.source["static_keys"] = sorted({*self.source["static_keys"], " ".join(parts) or "static"})
+        self.source["static_keys"] = sorted({*self.source["static_keys"], self.varying.label(args)})
         tensors, run_kernel = self.tensors, kernel.run
         return lambda a: run_kernel([a[i] for i in tensors])

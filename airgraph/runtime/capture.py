@@ -104,10 +104,9 @@ from airgraph.runtime.host import HostSplit, refill
 from airgraph.runtime.outputs import (
     Handed,
     copy_out,
-    expanded_dims,
     hand_out,
     handed_records,
-    one_per_expanded,
+    memory_copier,
     output_plan,
     storage,
 )
@@ -148,7 +147,7 @@ class _Key:
     # HostSplit only: the key's static host values, and (static buffer, transfer) pairs refilled per call.
     statics: list[Any] = field(default_factory=list)
     refill: list[tuple[torch.Tensor, Any]] = field(default_factory=list)
-    copies: list[tuple[int, Any, tuple[int, ...]]] = field(default_factory=list)  # (input, its buffer, expanded dims)
+    copies: list[tuple[int, Any, Callable[[Any, Any], Any]]] = field(default_factory=list)  # (input, buffer, copier)
     copy_back: tuple[int, ...] = ()  # mutated inputs copied back from their buffers after a replay
     recaptures: int = 0  # times static inputs moved (each drops the graph and records it again)
     quick_moves: int = 0  # of those in a row, the moves that came before the recording paid (PAID_REPLAYS)
@@ -461,8 +460,7 @@ class GraphCapture:
         ]
         for buffer, a in zip(buffers, args, strict=True):
             if buffer is not a:
-                dims = expanded_dims(buffer)
-                self._runtime.copy_(one_per_expanded(buffer, dims), one_per_expanded(a, dims))
+                memory_copier(self._runtime.copy_, buffer)(buffer, a)
         return static, buffers
 
     def _record(self, entry: _Key, args: list, static: set[int], buffers: list[Any]) -> None:
@@ -507,7 +505,9 @@ class GraphCapture:
             (storage(args[i]), weakref.ref(args[i])) for i in self._static if isinstance(args[i], torch.Tensor)
         )
         entry.copy_indices = tuple(i for i in range(len(args)) if static_args[i] is not args[i])
-        entry.copies = [(i, static_args[i], expanded_dims(static_args[i])) for i in entry.copy_indices]
+        entry.copies = [
+            (i, static_args[i], memory_copier(self._runtime.copy_, static_args[i])) for i in entry.copy_indices
+        ]
         entry.copy_back = tuple(i for i in self._mutated if i in entry.copy_indices)
         entry.outputs = output_plan(static_outputs, static_args, len(args), entry.copy_indices, self._input_views)
         entry.handed = handed_records(static_outputs, entry.outputs)
@@ -555,12 +555,10 @@ class GraphCapture:
             values = [*args, *entry.statics, *split.run_per_call(args, entry.statics)]
             for buffer, transfer in entry.refill:
                 refill(transfer, buffer, values[transfer.source], runtime)
-        for i, buffer, dims in entry.copies:
+        for i, buffer, copy in entry.copies:  # copy: runtime.copy_, or over the memory of expanded dims
             a = args[i]
             if buffer.data_ptr() != a.data_ptr():
-                if dims:
-                    buffer, a = one_per_expanded(buffer, dims), one_per_expanded(a, dims)
-                runtime.copy_(buffer, a)
+                copy(buffer, a)
         entry.graph.replay()
         entry.replays += 1
         for i in entry.copy_back:  # mutated inputs that had a buffer (CPU inputs were mutated in place)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import weakref
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -19,6 +19,7 @@ __all__ = [
     "expanded_dims",
     "hand_out",
     "handed_records",
+    "memory_copier",
     "one_per_expanded",
     "output_plan",
     "storage",
@@ -37,6 +38,24 @@ def one_per_expanded(t: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
     for d in dims:
         t = t.narrow(d, 0, 1)
     return t
+
+
+Copy = Callable[[torch.Tensor, torch.Tensor], Any]
+
+
+def memory_copier(copy: Copy, dst: Any) -> Copy:
+    """``copy(dst, src)`` for ``dst`` (or a tensor of its layout) and a ``src`` of the same layout, over the memory
+    they really have: one element along each expanded dimension (:func:`expanded_dims`: a copy into all of an
+    expanded view's elements is refused, they overlap). ``copy`` itself where there are none, so that a caller that
+    makes its copier once pays nothing per copy (GraphCapture's replays)."""
+    dims = expanded_dims(dst)
+    if not dims:
+        return copy
+
+    def copy_expanded(dst: torch.Tensor, src: torch.Tensor) -> Any:
+        return copy(one_per_expanded(dst, dims), one_per_expanded(src, dims))
+
+    return copy_expanded
 
 
 # How each output of a replay reaches the caller (see the module docstring):

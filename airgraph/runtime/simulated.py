@@ -59,7 +59,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from airgraph.runtime.device import UNCACHED_ALLOCATOR, record
-from airgraph.runtime.outputs import expanded_dims, one_per_expanded, storage
+from airgraph.runtime.outputs import expanded_dims, memory_copier, one_per_expanded, storage
 from airgraph.runtime.simulated_device import DeviceFunctions, DeviceOps, Placement, device_to_host
 from airgraph.runtime.simulated_state import (
     BREAK_POINTS,
@@ -438,8 +438,7 @@ def _unwritten(outputs: Any, args: list) -> None:
 
 def _copy_memory(dst: torch.Tensor, src: torch.Tensor) -> None:
     """``src`` into ``dst`` (same layout), an expanded one (stride 0) over the memory it really has, once."""
-    dims = expanded_dims(dst)
-    one_per_expanded(dst, dims).copy_(one_per_expanded(src, dims))
+    memory_copier(torch.Tensor.copy_, dst)(dst, src)
 
 
 class _CostModel(TorchDispatchMode):

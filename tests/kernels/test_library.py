@@ -7,15 +7,18 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import threading
+import time
 import zipfile
 from pathlib import Path
 
 import pytest
 
-from airgraph.kernels.library import KernelLibrary
+from airgraph.kernels.library import CLAIM_STALE_SECONDS, KernelLibrary
 from airgraph.kernels.package import MANIFEST, KernelFiles, PackageError, read_manifest, verify, write_package
 from airgraph.store import file_digest
+from tests.helpers import exited_pid
 from tests.kernels.conftest import run_python
 
 BUILD = {"torch": "2.13.0+cpu", "airgraph": "0.1.0", "device": {"type": "cpu", "isa": "AVX512", "flags": []}}
@@ -179,7 +182,7 @@ def go(procs: list) -> list[tuple[str, str]]:
 
 INSTALL = """
 import sys
-from airgraph.kernels.library import KernelLibrary
+from airgraph.kernels.library import CLAIM_STALE_SECONDS, KernelLibrary
 sys.stdin.readline()  # start together
 print(KernelLibrary(sys.argv[1]).install(sys.argv[2]).added)
 """
@@ -243,6 +246,23 @@ def test_claims_make_one_builder_per_kernel(tmp_path):
     assert not library.held_by_other("g/b")
 
 
+def test_a_claim_holds_while_its_process_runs_and_another_hosts_until_it_is_stale(tmp_path):
+    library = KernelLibrary(tmp_path / "lib")
+    here, dead, now = socket.gethostname(), exited_pid(), time.time()
+    owners = {
+        "g/live": {"pid": os.getppid(), "host": here, "time": now - 2 * CLAIM_STALE_SECONDS},
+        "g/exited": {"pid": dead, "host": here, "time": now},
+        "g/remote": {"pid": dead, "host": "another-host", "time": now},
+        "g/remote-stale": {"pid": dead, "host": "another-host", "time": now - CLAIM_STALE_SECONDS - 1},
+    }
+    (library.root / "claims").mkdir(parents=True)
+    for kid, owner in owners.items():
+        (library.root / "claims" / f"{kid.replace('/', '-')}.json").write_text(json.dumps(owner))
+    held = {"g/live": True, "g/exited": False, "g/remote": True, "g/remote-stale": False}
+    assert {kid: library.held_by_other(kid) for kid in owners} == held
+    assert {kid: library.claim(kid) for kid in owners} == {k: "taken" if h else "claimed" for k, h in held.items()}
+
+
 def _flip_middle_byte(path: Path) -> None:
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0x01
@@ -300,7 +320,7 @@ def test_a_missing_file_is_damage(tmp_path):
 
 HOLD = """
 import sys
-from airgraph.kernels.library import KernelLibrary
+from airgraph.kernels.library import CLAIM_STALE_SECONDS, KernelLibrary
 print(KernelLibrary(sys.argv[1]).claim(sys.argv[2], replacing=sys.argv[3]), flush=True)
 sys.stdin.readline()  # holds the claim until told
 """
@@ -337,7 +357,7 @@ def test_claims_to_build_a_damaged_entry_again(tmp_path):
 
 REPAIR = """
 import sys, time
-from airgraph.kernels.library import KernelLibrary
+from airgraph.kernels.library import CLAIM_STALE_SECONDS, KernelLibrary
 library = KernelLibrary(sys.argv[1])
 sys.stdin.readline()  # start together
 entry = library.read_index()["kernels"]["g/a"]

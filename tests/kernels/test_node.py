@@ -3,7 +3,9 @@ others run dynamic kernels until it is installed, then switch."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import socket
 import subprocess
 import sys
 
@@ -11,9 +13,10 @@ import pytest
 import torch
 
 from airgraph.backend import AirgraphBackend
-from airgraph.kernels import dispatch
-from airgraph.kernels.node import StaticKernelsError
-from tests.helpers import assert_close
+from airgraph.kernels import dispatch, node
+from airgraph.kernels.node import StaticKernelsError, register_process
+from airgraph.store import read_json, write_json_atomic
+from tests.helpers import assert_close, exited_pid
 from tests.kernels.conftest import ROOT, static_config
 from tests.kernels.models import Step, inputs
 
@@ -59,6 +62,20 @@ def test_local_world_size_differing_between_processes_is_an_error(tmp_path):
     finally:
         other.communicate("done\n", timeout=60)
     AirgraphBackend(static_config(tmp_path, local_world_size=2, local_rank=1))  # the other process has exited
+
+
+def test_the_registry_forgets_exited_processes_of_this_host_and_keeps_other_hosts(tmp_path):
+    outputs, here, dead = tmp_path / "static_kernel_outputs", socket.gethostname(), exited_pid()
+    processes = {  # the exited one would disagree on LOCAL_WORLD_SIZE
+        f"{here}:{dead}": {"pid": dead, "host": here, "local_world_size": 2, "time": 0.0},
+        f"another-host:{dead}": {"pid": dead, "host": "another-host", "local_world_size": 4, "time": 0.0},
+    }
+    write_json_atomic(outputs / "node.json", {"processes": processes}, format=node.FORMAT, version=node.VERSION)
+    register_process(outputs, local_world_size=4, local_rank=0, world_size=None)
+    registry = read_json(outputs / "node.json", format=node.FORMAT, version=node.VERSION)["processes"]
+    assert sorted(registry) == sorted([f"another-host:{dead}", f"{here}:{os.getpid()}"])
+    with pytest.raises(StaticKernelsError, match=f"process {dead} has LOCAL_WORLD_SIZE=4, this one LOCAL_WORLD_SIZE=2"):
+        register_process(outputs, local_world_size=2, local_rank=0, world_size=None)  # another host's still counts
 
 
 HOLD = """

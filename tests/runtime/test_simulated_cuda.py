@@ -15,6 +15,7 @@ import airgraph.runtime.capture as capture_module
 from airgraph import ops, scope
 from airgraph.runtime import executor
 from airgraph.runtime.capture import CaptureState
+from airgraph.runtime.outputs import expanded_dims, memory_copier
 from airgraph.runtime.simulated import SimulatedCuda, StreamRaceError
 from airgraph.runtime.simulated_state import SimGraph
 from tests.helpers import assert_close, compile_with
@@ -226,17 +227,57 @@ def test_an_output_made_on_a_side_stream_is_recorded_for_the_caller(monkeypatch)
     assert (out.data_ptr(), "default") in recorded
 
 
-def test_an_expanded_input_is_copied_into_its_buffer():
+def test_an_expanded_input_is_copied_into_its_buffer(monkeypatch):
+    """GraphCapture hands the runtime the memory an expanded input really has (one row here), at the recording and
+    at every replay (outputs.memory_copier; a real CUDA runtime copies what it is given)."""
+
     def fn(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         return x.masked_fill(mask, -1.0) * 2
 
     sim = SimulatedCuda()
+    copied: list[tuple[torch.Tensor, torch.Tensor]] = []
+    runtime_copy = sim.copy_
+
+    def copy(dst: torch.Tensor, src: torch.Tensor, **kwargs) -> None:
+        copied.append((dst, src))
+        runtime_copy(dst, src, **kwargs)
+
+    monkeypatch.setattr(sim, "copy_", copy)
     calls = [(torch.randn(4, 8), (torch.arange(8) % (i + 2) == 0).expand(4, 8)) for i in range(5)]
     assert calls[0][1].stride() == (0, 1)
     got, backend = run_checked(fn, sim, calls, mode="reduce-overhead", kernel_backend="aten")
     assert backend.reports[0].captured
     for out, args in zip(got, calls, strict=True):
         assert_close(out, fn(*args))
+    assert not any(expanded_dims(dst) or expanded_dims(src) for dst, src in copied)
+    rows = [dst for dst, _ in copied if dst.dtype == torch.bool]
+    assert [(r.shape, r.stride()) for r in rows] == [((1, 8), (0, 1))] * len(calls)  # the recording, 4 replays
+
+
+def test_the_simulator_copies_into_an_expanded_tensor_over_its_memory():
+    """As a CUDA copy between two buffers of one layout would (torch's own copy_ refuses the overlapping target)."""
+    sim = SimulatedCuda()
+    src = (torch.arange(8) % 3 == 0).expand(4, 8)
+    with sim.call():
+        dst = sim.static_buffer(src)
+        sim.copy_(dst, src)
+    assert dst.stride() == (0, 1) and torch.equal(dst, src)
+    with pytest.raises(RuntimeError, match="single memory location"):
+        dst.copy_(src)
+
+
+def test_a_memory_copier_copies_one_element_per_expanded_dim_and_is_the_copy_itself_without_any():
+    copied: list[tuple[torch.Size, torch.Size]] = []
+
+    def copy(dst: torch.Tensor, src: torch.Tensor) -> None:
+        copied.append((dst.shape, src.shape))
+        dst.copy_(src)
+
+    dense = torch.zeros(4, 8)
+    assert memory_copier(copy, dense) is copy
+    dst, src = torch.zeros(1, 8, 1).expand(4, 8, 3), torch.arange(8.0).view(1, 8, 1).expand(4, 8, 3)
+    memory_copier(copy, dst)(dst, src)
+    assert copied == [(torch.Size([1, 8, 1]), torch.Size([1, 8, 1]))] and torch.equal(dst, src)
 
 
 def test_device_index_reads_every_spelling():
