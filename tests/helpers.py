@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import socket
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -118,3 +120,12 @@ def top_level_ops(events: Any) -> list[str]:
         return False
 
     return [e.name for e in events if e.name.startswith("aten::") and not nested(e)]
+
+
+def load_script(name: str) -> Any:
+    """The module of ``scripts/<name>.py`` (scripts are not a package), loaded afresh."""
+    path = Path(__file__).resolve().parent.parent / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -3,21 +3,19 @@ registry, nothing is downloaded and airgraph is still the `airgraph` backend and
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import load_script
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def _setup_env():
-    spec = importlib.util.spec_from_file_location("setup_env", ROOT / "scripts" / "setup_env.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("setup_env")
 
 
 @pytest.mark.slow
