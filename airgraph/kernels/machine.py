@@ -90,28 +90,39 @@ def gpu(device: torch.device) -> dict[str, Any]:
 
 @functools.cache
 def compiler() -> dict[str, Any] | None:
-    """The C++ compiler Inductor compiles packages with here (``CXX``, else ``g++``; Inductor's own choice):
-    the command, the file it resolves to and its ``--version`` line; None where none is found."""
-    try:
-        from torch._inductor.cpp_builder import get_cpp_compiler
+    """The C++ compiler Inductor compiles packages with here (its ``cpp.cxx``: ``CXX``, else ``g++``): the command,
+    the file it resolves to and its ``--version`` line; None where none is found. Read once per process and only
+    where a package is written (:func:`build_record`), with a time limit of its own: torch's own compiler search
+    runs ``--version`` without one (a hung compiler wrapper would hang the caller) and may try to install one."""
+    from torch._inductor import config as inductor_config
 
-        command = get_cpp_compiler()
-    except Exception:  # no compiler (Inductor raises its own error types): nothing to record
+    cxx = inductor_config.cpp.cxx
+    candidates = [c for c in (cxx if isinstance(cxx, (list, tuple)) else (cxx,)) if c]
+    found = next(((c, p) for c in candidates if (p := shutil.which(c))), None)
+    if found is None:
         return None
-    path = shutil.which(command) or command
+    command, path = found
     try:
-        done = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30)
+        done = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=VERSION_TIMEOUT)
         version = (done.stdout.strip().splitlines() or [""])[0]
     except (OSError, subprocess.SubprocessError):
         version = ""
     return {"command": command, "path": os.path.realpath(path), "version": version}
 
 
+VERSION_TIMEOUT = 10.0  # seconds ``<compiler> --version`` may take
+
+
 def describe(device: torch.device) -> dict[str, Any]:
-    """The build record of kernels compiled here for ``device``: versions, the device's description and the C++
-    compiler (:func:`compiler`)."""
+    """What kernels compiled here for ``device`` need of a machine: versions and the device's description."""
     target = gpu(device) if device.type == "cuda" else cpu()
-    return {"torch": torch.__version__, "airgraph": airgraph.__version__, "device": target, "compiler": compiler()}
+    return {"torch": torch.__version__, "airgraph": airgraph.__version__, "device": target}
+
+
+def build_record(device: torch.device) -> dict[str, Any]:
+    """The build record a package carries: :func:`describe`, and the C++ compiler that built it (recorded, not
+    compared: kernels/probe.py keys its verdict by it)."""
+    return {**describe(device), "compiler": compiler()}
 
 
 def mismatch(built: dict[str, Any], here: dict[str, Any]) -> str | None:

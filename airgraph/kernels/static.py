@@ -41,7 +41,7 @@ from airgraph.kernels import package as pkg
 from airgraph.kernels.build import build_kernel
 from airgraph.kernels.dispatch import LoadedKernel, StaticKernelSegment
 from airgraph.kernels.library import KernelLibrary, library_path
-from airgraph.kernels.machine import describe, mismatch
+from airgraph.kernels.machine import build_record, describe, mismatch
 from airgraph.kernels.node import register_process
 from airgraph.kernels.probe import LoadProbes, open_package
 from airgraph.kernels.records import Recorder, is_view
@@ -284,7 +284,7 @@ class StaticKernels:
             path = self.recorder.package_path()
             served = {k.graph_key for k in self.built}
             graphs = {key: record for key, record in self.records.items() if record["graph_key"] in served}
-            pkg.write_package(path, self.built, describe(jobs[0].segment.request.device), graphs)
+            pkg.write_package(path, self.built, build_record(jobs[0].segment.request.device), graphs)
             result = self.library.install(path, repairs=self._repairs)
             log.info(
                 "airgraph: static kernels: package %s (%d kernels) written and installed into %s (%d new)",

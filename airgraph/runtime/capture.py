@@ -115,11 +115,12 @@ log = logging.getLogger("airgraph")
 
 # Static inputs that move often: a recording that served fewer than PAID_REPLAYS replays before its static inputs
 # moved did not pay for itself; after MAX_RECAPTURES such recordings in a row the key runs uncaptured for good (they
-# move every call or so: recording would cost every call). A recording that served more resets the count: HF
-# ``generate`` makes a new static cache (addresses marked static) per call and replays it once per new token, so
-# one re-recording per generate call is what its users want (CUDAGraph Trees re-record such inputs too).
+# move every call or every other call: recording would cost every call). A recording that served more resets the
+# count: HF ``generate`` makes a new static cache (addresses marked static) per call and replays it once per new
+# token after the first, so one re-recording per generate call, however few its tokens, is what its users want
+# (CUDAGraph Trees re-record such inputs too).
 MAX_RECAPTURES = 3
-PAID_REPLAYS = 8
+PAID_REPLAYS = 2
 
 # all(tensors[i].data_ptr() == ptrs[i] for i in indices), in C++; bound in CUDA builds of PyTorch only.
 _PTRS_EQUAL = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)
@@ -358,9 +359,9 @@ class GraphCapture:
                 if entry.quick_moves > MAX_RECAPTURES:  # they move every call: recording would cost every call
                     entry.state = CaptureState.UNCAPTURED
                     reason = (
-                        f"parameters or buffers moved {entry.quick_moves} times in a row, each within "
-                        f"{PAID_REPLAYS} replays of its recording (new tensors assigned between calls?); this shape "
-                        "key runs uncaptured: update them in place (copy_) to keep replaying"
+                        f"parameters or buffers moved {entry.quick_moves} times in a row, each before its recording "
+                        f"served {PAID_REPLAYS} replays (new tensors assigned between calls?); this shape key runs "
+                        "uncaptured: update them in place (copy_) to keep replaying"
                     )
                     self._report.uncaptured_reason = reason
                     log.warning("airgraph: graph %d: %s", self._report.id, reason)

@@ -34,7 +34,7 @@ PINNED = {
 @pytest.mark.parametrize("device", ["cpu", "cuda"], ids=["cpu", "gpu"])  # ("cuda" would mark it a GPU test)
 def test_build_records_and_probe_keys_stay_those_of_earlier_versions(fixed_machine, device):
     record, digest = PINNED[device]
-    assert json.dumps(machine.describe(torch.device(device))) == record
+    assert json.dumps(machine.build_record(torch.device(device))) == record
     assert probe._digest(probe.environment(torch.device(device))) == digest
 
 
@@ -59,3 +59,21 @@ def test_a_cpu_without_cpuinfo_is_named_by_platform(fixed_machine, tmp_path, mon
     }
     machine.cpu()["flags"].append("x")  # the caller's copy
     assert machine.cpu()["flags"] == []
+
+
+def test_a_hung_compiler_wrapper_costs_its_time_limit_and_loads_never_ask(tmp_path, monkeypatch):
+    """``CXX`` may be a wrapper script (the H200 machine's is); one that hangs is given up after
+    VERSION_TIMEOUT, and loading a kernel (describe) never runs the compiler at all."""
+    hung = tmp_path / "c++"
+    hung.write_text("#!/bin/sh\nsleep 60\n")
+    hung.chmod(0o755)
+    from torch._inductor import config as inductor_config
+
+    monkeypatch.setattr(inductor_config.cpp, "cxx", (None, str(hung)))
+    monkeypatch.setattr(machine, "VERSION_TIMEOUT", 0.5)
+    machine.compiler.cache_clear()
+    try:
+        assert "compiler" not in machine.describe(torch.device("cpu"))
+        assert machine.compiler() == {"command": str(hung), "path": str(hung), "version": ""}
+    finally:
+        machine.compiler.cache_clear()
