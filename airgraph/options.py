@@ -203,11 +203,12 @@ class OptionGroup:
         return out
 
     def __deepcopy__(self, memo: dict) -> OptionGroup:
+        # every attribute: the values, the sub-groups and whatever a subclass keeps beside them (the torchair
+        # CompilerConfig keeps aoe_config_file's path there)
         new = object.__new__(type(self))
-        object.__setattr__(new, "_path", self._path)
-        object.__setattr__(new, "_values", copy.deepcopy(self._values, memo))
-        for name in self._groups():
-            object.__setattr__(new, name, copy.deepcopy(getattr(self, name), memo))
+        memo[id(self)] = new
+        for name, value in vars(self).items():
+            object.__setattr__(new, name, copy.deepcopy(value, memo))
         return new
 
     def __eq__(self, other: object) -> bool:

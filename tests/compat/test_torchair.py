@@ -43,3 +43,18 @@ def test_torchair_static_kernel_names_set_airgraph_options(tmp_path):
         config.experimental_config.aclgraph._aclnn_static_shape_kernel = "on"
     with pytest.raises(AttributeError, match="has no option '_aclnn_static_shape_kernel_dir'"):
         config.experimental_config.aclgraph._aclnn_static_shape_kernel_dir = "/x"
+
+
+def test_a_copy_of_a_torchair_config_keeps_its_aoe_config_file(tmp_path):
+    import copy
+    import json
+
+    ops_file = tmp_path / "ops.json"
+    ops_file.write_text(json.dumps({"tune_ops_type": ["addmm"], "tune_ops_name": []}))
+    config = CompilerConfig()
+    config.aoe_config.aoe_config_file = str(ops_file)
+    clone = copy.deepcopy(config)
+    assert clone.aoe_config.aoe_config_file == str(ops_file) and list(clone.tuning.ops) == ["addmm"]
+    clone.aoe_config.aoe_config_file = None  # the copy's own: the original keeps its file
+    assert config.aoe_config.aoe_config_file == str(ops_file) and list(config.tuning.ops) == ["addmm"]
+    assert clone.aoe_config.aoe_config_file is None and clone.tuning.ops is None
