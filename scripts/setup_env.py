@@ -41,6 +41,14 @@ def _project() -> dict:
         return tomllib.load(f)["project"]
 
 
+NAME_END = r"[<>=!~ \[]"  # what ends a distribution's name in a requirement ("torch>=2.11", "onnx[reference]")
+
+
+def _distribution(spec: str) -> str:
+    """The distribution a requirement (or a "missing" line of :func:`missing_requirements`) names."""
+    return re.split(NAME_END, spec, maxsplit=1)[0]
+
+
 def _run(python: Path, code: str) -> subprocess.CompletedProcess:
     return subprocess.run([str(python), "-c", code], capture_output=True, text=True)
 
@@ -74,7 +82,7 @@ def missing_requirements(python: Path) -> list[str]:
             Requirement = None
         missing = []
         for spec in {wanted!r}:
-            name = re.split(r"[<>=!~ \\[]", spec, maxsplit=1)[0]
+            name = re.split({NAME_END!r}, spec, maxsplit=1)[0]
             try:
                 version = md.version(name)
             except md.PackageNotFoundError:
@@ -155,8 +163,8 @@ def main(argv: list[str]) -> int:
         except subprocess.CalledProcessError:
             # A machine without a package index (the GPU machine lacks ruff and mpich, extras only): airgraph runs
             # without its extras, so it is linked all the same; what the extras serve (lint, MPI ranks) is skipped.
-            core = {re.split(r"[<>=!~ \[]", spec, maxsplit=1)[0] for spec in _project()["dependencies"]}
-            if missing == ["(not checked)"] or any(re.split(r"[<>=!~ \[]", m, maxsplit=1)[0] in core for m in missing):
+            core = {_distribution(spec) for spec in _project()["dependencies"]}
+            if missing == ["(not checked)"] or any(_distribution(m) in core for m in missing):
                 raise
             print(
                 f"setup: pip could not install the extras {', '.join(missing)} (no package index?); airgraph "

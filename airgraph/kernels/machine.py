@@ -35,9 +35,10 @@ import torch
 
 import airgraph
 
-__all__ = ["CPUINFO", "compiler", "cpu", "describe", "gpu", "mismatch"]
+__all__ = ["CPUINFO", "build_record", "compiler", "cpu", "describe", "gpu", "mismatch"]
 
 CPUINFO = Path("/proc/cpuinfo")  # Linux: the model name and the instruction-set flags of each core
+VERSION_TIMEOUT = 10.0  # seconds ``<compiler> --version`` may take
 
 
 @functools.cache
@@ -108,9 +109,6 @@ def compiler() -> dict[str, Any] | None:
     except (OSError, subprocess.SubprocessError):
         version = ""
     return {"command": command, "path": os.path.realpath(path), "version": version}
-
-
-VERSION_TIMEOUT = 10.0  # seconds ``<compiler> --version`` may take
 
 
 def describe(device: torch.device) -> dict[str, Any]:
