@@ -52,6 +52,9 @@ class NullReplay(SimulatedCuda):
     def copy_(self, dst: torch.Tensor, src: torch.Tensor, *, non_blocking: bool = False) -> None:  # no race checks
         dst.copy_(src)
 
+    def copy_many(self, dsts: Any, srcs: Any) -> None:
+        torch._foreach_copy_(dsts, srcs)
+
     def reading(self, values: Any) -> None:
         pass
 

@@ -9,9 +9,13 @@ Inputs, per position:
 
 - static inputs (parameters and buffers, from AOTAutograd's ``static_input_indices``) are used in place;
   their addresses are part of the recording, so a moved one (``model.to``, ``load_state_dict(assign=True)``)
-  makes the key re-capture;
-- every other tensor is copied into a static buffer before each replay (skipped when the caller passes the
-  buffer itself); a mutated one (in-place update in the graph) is copied back after the replay. The buffers are
+  makes the key re-capture. A recording keeps their addresses, not the tensors (``BORROWED``, as a CUDA graph and
+  CUDAGraph Trees keep them): HF ``generate`` makes a static cache (its tensors marked static) per call and drops
+  it when the call returns, and the caching allocator gives the next call's cache the same memory, where the
+  recording replays as it is instead of recording again;
+- every other tensor is copied into a static buffer before each replay, all of one dtype in one device op
+  (``torch._foreach_copy_``, as CUDAGraph Trees copy theirs: one launch, not one per input); a mutated one (in-place
+  update in the graph) is copied back after the replay. The buffers are
   made by the call that records, holding its inputs as it got them (as CUDAGraph Trees record): a recording
   reads nothing, but the simulator runs the function there, on values that keep an index in range.
 
@@ -98,12 +102,13 @@ from typing import Any, Protocol
 
 import torch
 
-from airgraph.runtime.device import CUDA, CaptureError, DeviceRuntime
+from airgraph.runtime.device import BORROWED, CUDA, CaptureError, DeviceRuntime
 from airgraph.runtime.fastpath import MISS
 from airgraph.runtime.host import HostSplit, refill
 from airgraph.runtime.outputs import (
     Handed,
     copy_out,
+    expanded_dims,
     hand_out,
     handed_records,
     memory_copier,
@@ -148,7 +153,10 @@ class _Key:
     # HostSplit only: the key's static host values, and (static buffer, transfer) pairs refilled per call.
     statics: list[Any] = field(default_factory=list)
     refill: list[tuple[torch.Tensor, Any]] = field(default_factory=list)
-    copies: list[tuple[int, Any, Callable[[Any, Any], Any]]] = field(default_factory=list)  # (input, buffer, copier)
+    # Inputs copied into their buffers before a replay: per dtype, (the buffers, the getter of the inputs), one
+    # runtime.copy_many each; expanded inputs (stride 0) one by one, (input, buffer, copier).
+    batches: list[tuple[list[Any], Callable[[list], Sequence[Any]]]] = field(default_factory=list)
+    copies: list[tuple[int, Any, Callable[[Any, Any], Any]]] = field(default_factory=list)
     copy_back: tuple[int, ...] = ()  # mutated inputs copied back from their buffers after a replay
     recaptures: int = 0  # times static inputs moved (each drops the graph and records it again)
     quick_moves: int = 0  # of those in a row, the moves that came before the recording paid (PAID_REPLAYS)
@@ -177,6 +185,7 @@ class MemoryPool:
         self._keepers: dict[Any, Any] = {}  # device -> the empty graph holding a use of its pool
         self._streams: dict[Any, Any] = {}
         self.last_stream: dict[Any, Any] = {}
+        self.last_stream_id: dict[Any, Any] = {}  # of last_stream, by the runtime's stream_reader
         # Storages of the static inputs (parameters, buffers) of every graph recorded in this pool: a backward
         # graph's input that is a view of one (a weight saved for backward) is used in place too.
         self.static_storages: dict[int, weakref.ref] = {}  # storage address -> a tensor using it
@@ -310,6 +319,7 @@ class GraphCapture:
         self._dynamic: list[int] | None = None
         self._limit_warned = False
         self._runtime = pool.runtime
+        self._stream_id = self._runtime.stream_reader(device)
         uncapturable = uncapturable or self._runtime.capture_refusal(device)
         self._uncapturable = uncapturable
         if uncapturable:
@@ -425,7 +435,7 @@ class GraphCapture:
             for buffer in entry.owned:
                 self._runtime.record_stream(buffer, last)
         entry.graph, entry.static_args, entry.static_outputs, entry.outputs = None, [], (), []
-        entry.handed, entry.handed_storages, entry.copies = [], [], []
+        entry.handed, entry.handed_storages, entry.copies, entry.batches = [], [], [], []
         entry.statics, entry.refill, entry.owned = [], [], []
 
     def _warmup(self, args: list) -> Any:
@@ -506,13 +516,17 @@ class GraphCapture:
             (storage(args[i]), weakref.ref(args[i])) for i in self._static if isinstance(args[i], torch.Tensor)
         )
         entry.copy_indices = tuple(i for i in range(len(args)) if static_args[i] is not args[i])
-        entry.copies = [
-            (i, static_args[i], memory_copier(self._runtime.copy_, static_args[i])) for i in entry.copy_indices
-        ]
+        entry.batches, entry.copies = _input_copies(static_args, entry.copy_indices, self._runtime)
         entry.copy_back = tuple(i for i in self._mutated if i in entry.copy_indices)
         entry.outputs = output_plan(static_outputs, static_args, len(args), entry.copy_indices, self._input_views)
         entry.handed = handed_records(static_outputs, entry.outputs)
         entry.handed_storages = list({id(h): h for h in entry.handed if h is not None}.values())
+        # Tensors used in place are the caller's (parameters, a static cache): kept by addresses, not alive (as a
+        # CUDA graph keeps them), so a cache freed after its last call leaves its memory to the next one
+        entry.static_args = [
+            BORROWED if i < len(args) and a is args[i] and _is_device_tensor(a, i, split) else a
+            for i, a in enumerate(static_args)
+        ]
         entry.state, entry.replays_at_record = CaptureState.CAPTURED, entry.replays
         self._report.captured = True
         if entry.recaptures:
@@ -544,23 +558,20 @@ class GraphCapture:
         pool = self._pool
         if pool.handed and not pool.settle():
             return self._held(args)
-        static_args, runtime, device = entry.static_args, self._runtime, self.device
-        stream = runtime.current_stream(device)
-        last = pool.last_stream.get(device)
-        if last is not stream:
-            if last is not None and last != stream:
-                stream.wait_stream(last)  # graphs share the pool's memory: the last replay's stream goes first
-            pool.last_stream[device] = stream
+        static_args, runtime = entry.static_args, self._runtime
+        stream_id = self._stream_id()
+        if pool.last_stream_id.get(self.device) != stream_id:
+            self._follow(stream_id)
         split, values = self._split, None
         if split is not None:  # the host prologue, then its values into the graph's buffers
             values = [*args, *entry.statics, *split.run_per_call(args, entry.statics)]
             for buffer, transfer in entry.refill:
                 refill(transfer, buffer, values[transfer.source], runtime)
-        for i, buffer, copy in entry.copies:  # copy: runtime.copy_, or over the memory of expanded dims
-            a = args[i]
-            if buffer.data_ptr() != a.data_ptr():
-                copy(buffer, a)
-        entry.graph.replay()
+        for buffers, inputs in entry.batches:
+            runtime.copy_many(buffers, inputs(args))
+        for i, buffer, copy in entry.copies:  # over the memory of expanded dims
+            copy(buffer, args[i])
+        runtime.replay(entry.graph, static_args, args)
         entry.replays += 1
         for i in entry.copy_back:  # mutated inputs that had a buffer (CPU inputs were mutated in place)
             if static_args[i].data_ptr() != args[i].data_ptr():
@@ -573,6 +584,15 @@ class GraphCapture:
             pool.handed = entry.handed_storages
         args.clear()
         return outputs if split is None else split.assemble(outputs, values, clone_static=True)
+
+    def _follow(self, stream_id: Any) -> None:
+        """The caller's stream is not the last replay's on this device: it waits for that one first (graphs share
+        the pool's memory), and is the last one from now on."""
+        pool, stream = self._pool, self._runtime.current_stream(self.device)
+        last = pool.last_stream.get(self.device)
+        if last is not None and last != stream:
+            stream.wait_stream(last)
+        pool.last_stream[self.device], pool.last_stream_id[self.device] = stream, stream_id
 
     def _held(self, args: list) -> Any:
         """A replay would overwrite an earlier output that is still held through a view: run uncaptured instead
@@ -595,6 +615,22 @@ def _getter(positions: list[int]) -> Callable[[list], Sequence[Any]]:
     if len(positions) == 1:
         return lambda args, i=positions[0]: (args[i],)
     return operator.itemgetter(*positions)
+
+
+def _input_copies(static_args: list, indices: Sequence[int], runtime: DeviceRuntime) -> tuple[list, list]:
+    """How a replay copies the inputs at ``indices`` into their buffers (``static_args``): per dtype, one
+    ``runtime.copy_many`` of (the buffers, a getter of the inputs); an expanded buffer (stride 0) one by one, over
+    the memory it really has (outputs.memory_copier)."""
+    by_dtype: dict[torch.dtype, list[int]] = {}
+    expanded = []
+    for i in indices:
+        buffer = static_args[i]
+        if expanded_dims(buffer):
+            expanded.append((i, buffer, memory_copier(runtime.copy_, buffer)))
+        else:
+            by_dtype.setdefault(buffer.dtype, []).append(i)
+    batches = [([static_args[i] for i in group], _getter(group)) for group in by_dtype.values()]
+    return batches, expanded
 
 
 def _moved(args: list, entry: _Key, i: int) -> bool:

@@ -31,10 +31,11 @@ Two things cannot be undone from Python, so they are avoided instead (both seen 
 from __future__ import annotations
 
 import contextlib
+import functools
 import statistics
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -61,6 +62,17 @@ UNCACHED_ALLOCATOR = (
 )
 
 
+class _Borrowed:
+    def __repr__(self) -> str:
+        return "BORROWED"
+
+
+# In a recorded graph's argument list: a caller's tensor the graph reads or writes in place (a parameter, a buffer,
+# a static cache), which the recording does not keep alive (a CUDA graph holds addresses, not tensors): each replay
+# runs on the call's own tensor at that position, found at the recorded address (GraphCapture checks it first).
+BORROWED = _Borrowed()
+
+
 @runtime_checkable
 class DeviceRuntime(Protocol):
     """What the executor, GraphCapture, the host split and the tuner ask of a device."""
@@ -70,6 +82,10 @@ class DeviceRuntime(Protocol):
 
     # -- streams and events: streams have wait_stream(other) and wait_event(event); events record(stream)
     def current_stream(self, device: torch.device | None = None) -> Any: ...
+    def stream_reader(self, device: torch.device) -> Callable[[], Hashable]:
+        """A callable returning an identity of ``device``'s current stream, equal for the same stream, cheaper than
+        :meth:`current_stream` (a replay asks it every call; CUDA's stream objects are Python objects made per ask)."""
+
     def side_stream(self, tag: str, device: torch.device | None = None, priority: int = 0) -> Any:
         """Same tag and device, same stream."""
 
@@ -89,6 +105,10 @@ class DeviceRuntime(Protocol):
         """Record ``fn(args)`` on ``stream`` into a new graph allocating from ``pool``: ``(graph, outputs)``
         (through :func:`record`: on failure the device is left as it was, and the error raised)."""
 
+    def replay(self, graph: Any, recorded: list, args: list) -> None:
+        """Replay ``graph``, recorded on ``recorded`` (the :data:`BORROWED` ones being ``args``'s now, at the same
+        addresses)."""
+
     def capture_refusal(self, device: torch.device) -> str | None:
         """Why no graph can be captured on ``device`` now (PyTorch would refuse it too), or None."""
 
@@ -104,6 +124,11 @@ class DeviceRuntime(Protocol):
 
     def wrap_segment(self, segment: Any, fn: Callable[[list], Any]) -> Callable[[list], Any]: ...
     def copy_(self, dst: torch.Tensor, src: torch.Tensor, *, non_blocking: bool = False) -> None: ...
+    def copy_many(self, dsts: Sequence[torch.Tensor], srcs: Sequence[torch.Tensor]) -> None:
+        """Each of ``srcs`` into its ``dsts`` (same device, dtype and layout; nothing expanded): one device op for
+        them all (``torch._foreach_copy_``: on CUDA one kernel launch where the dtypes agree, as CUDAGraph Trees copy
+        their inputs), not one per tensor."""
+
     def run_op(self, op: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """One device op outside any segment (a host value's copy to the device, in the host split)."""
 
@@ -231,6 +256,10 @@ class CudaRuntime:
     def current_stream(self, device: torch.device | None = None) -> torch.cuda.Stream:
         return torch.cuda.current_stream(cuda_index(device))
 
+    def stream_reader(self, device: torch.device) -> Callable[[], Hashable]:
+        """(stream id, device index, device type), what ``torch.cuda.current_stream`` builds its Stream from."""
+        return functools.partial(torch._C._cuda_getCurrentStream, cuda_index(device))
+
     def side_stream(self, tag: str, device: torch.device | None = None, priority: int = 0) -> torch.cuda.Stream:
         return ops.stream_for(tag, device, priority)
 
@@ -265,6 +294,9 @@ class CudaRuntime:
             outputs = record(recording, fn, args)
         return recording.graph, outputs
 
+    def replay(self, graph: torch.cuda.CUDAGraph, recorded: list, args: list) -> None:
+        graph.replay()  # the recorded addresses: nothing to bind
+
     def capture_refusal(self, device: torch.device) -> str | None:
         """PyTorch's caching allocator bypassed: a capture's allocations would not come from the graph's pool (torch
         2.13's CUDAGraph Trees refuse it too; torch 2.11 has no switch to ask, only the environment variable)."""
@@ -293,6 +325,9 @@ class CudaRuntime:
 
     def copy_(self, dst: torch.Tensor, src: torch.Tensor, *, non_blocking: bool = False) -> None:
         dst.copy_(src, non_blocking=non_blocking)
+
+    def copy_many(self, dsts: Sequence[torch.Tensor], srcs: Sequence[torch.Tensor]) -> None:
+        torch._foreach_copy_(dsts, srcs)
 
     def run_op(self, op: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return op(*args, **kwargs)
@@ -340,6 +375,9 @@ class CpuRuntime:
     def current_stream(self, device: torch.device | None = None) -> _NoStream:
         return self._stream
 
+    def stream_reader(self, device: torch.device) -> Callable[[], Hashable]:
+        return self.current_stream
+
     def side_stream(self, tag: str, device: torch.device | None = None, priority: int = 0) -> _NoStream:
         return self._stream
 
@@ -364,6 +402,9 @@ class CpuRuntime:
     def capture(self, fn: Callable[[list], Any], args: list, *, pool: Any, stream: Any, device: torch.device) -> tuple:
         raise RuntimeError("the CPU records no graphs: reduce-overhead runs the executor uncaptured")
 
+    def replay(self, graph: Any, recorded: list, args: list) -> None:
+        raise RuntimeError("the CPU records no graphs: reduce-overhead runs the executor uncaptured")
+
     def capture_refusal(self, device: torch.device) -> str | None:
         return f"reduce-overhead captures CUDA graphs; this graph runs on {device.type}"
 
@@ -381,6 +422,9 @@ class CpuRuntime:
 
     def copy_(self, dst: torch.Tensor, src: torch.Tensor, *, non_blocking: bool = False) -> None:
         dst.copy_(src)
+
+    def copy_many(self, dsts: Sequence[torch.Tensor], srcs: Sequence[torch.Tensor]) -> None:
+        torch._foreach_copy_(dsts, srcs)
 
     def run_op(self, op: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return op(*args, **kwargs)

@@ -51,14 +51,14 @@ import contextlib
 import itertools
 import threading
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from airgraph.runtime.device import UNCACHED_ALLOCATOR, record
+from airgraph.runtime.device import BORROWED, UNCACHED_ALLOCATOR, record
 from airgraph.runtime.outputs import expanded_dims, memory_copier, one_per_expanded, storage
 from airgraph.runtime.simulated_device import DeviceFunctions, DeviceOps, Placement, device_to_host
 from airgraph.runtime.simulated_state import (
@@ -169,6 +169,9 @@ class SimulatedCuda:
     def current_stream(self, device: Any = None) -> SimStream:
         return getattr(self._local, "stream", None) or self.default_stream
 
+    def stream_reader(self, device: Any) -> Callable[[], Hashable]:
+        return self.current_stream
+
     def side_stream(self, tag: str, device: Any = None, priority: int = 0) -> SimStream:
         if (tag, str(device)) not in self._side:
             self._side[(tag, str(device))] = self.new_stream(device, name=f"{tag} (priority {priority})")
@@ -241,7 +244,7 @@ class SimulatedCuda:
         self.synchronize()
         saved = [(a, a.clone()) for a in args if isinstance(a, torch.Tensor)]
         rng = torch.get_rng_state()  # nor does it draw random numbers
-        graph = SimGraph(self, pool, fn, args)
+        graph = SimGraph(self, pool, fn)
 
         def recorded(values: list) -> Any:
             self.recording = graph  # a recording executes nothing: its accesses are not checked
@@ -257,6 +260,7 @@ class SimulatedCuda:
         try:
             with self.use(stream):
                 graph.outputs = record(graph, recorded, list(args))
+            graph.hold(args)
         finally:
             torch.set_rng_state(rng)
             with torch.no_grad():
@@ -278,6 +282,9 @@ class SimulatedCuda:
             self.break_capture_at = None
             raise SimulatedCudaError(f"capture broken at '{point}' (SimulatedCuda.break_capture_at)")
 
+    def replay(self, graph: SimGraph, recorded: list, args: list) -> None:
+        graph.replay([args[i] if a is BORROWED else a for i, a in enumerate(recorded)])
+
     def capture_refusal(self, device: Any) -> str | None:
         return None if self.caching_allocator else UNCACHED_ALLOCATOR
 
@@ -291,6 +298,17 @@ class SimulatedCuda:
         self._access(dst, stream, stamp, "a copy", write=True)
         with self._ops():
             _copy_memory(dst, src)
+
+    def copy_many(self, dsts: Sequence[torch.Tensor], srcs: Sequence[torch.Tensor]) -> None:
+        """One op (``torch._foreach_copy_``, which refuses what CUDA's does: lists of unequal length, an expanded
+        destination) reading every source and writing every destination."""
+        stream = self.current_stream()
+        stamp = stream.tick()
+        for dst, src in zip(dsts, srcs, strict=True):
+            self._access(src, stream, stamp, "a copy", write=False)
+            self._access(dst, stream, stamp, "a copy", write=True)
+        with self._ops():
+            torch._foreach_copy_(dsts, srcs)
 
     def run_op(self, op: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """A device op outside any segment (the host split's copies to the device): a new device value."""

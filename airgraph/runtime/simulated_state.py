@@ -129,12 +129,14 @@ class Workspaces:
 @dataclass(eq=False)
 class SimGraph:
     """One graph of the simulator: recorded as ``torch.cuda.CUDAGraph`` is (it implements device.py's Recording),
-    replayed by running the recorded function again on the recorded arguments, into the recorded outputs."""
+    replayed by running the recorded function again on the arguments at the recorded addresses, into the recorded
+    outputs. Like a CUDA graph, it keeps no argument alive (:meth:`hold`)."""
 
     runtime: Any  # the SimulatedCuda
     pool: Any
     fn: Callable[[list], Any] | None = None
-    args: list = field(default_factory=list)
+    args: list = field(default_factory=list)  # weak references to the tensor arguments, other arguments as they are
+    addresses: list = field(default_factory=list)  # each tensor argument's data_ptr at the recording
     outputs: Any = ()
     stream: Any = None
     ended: bool = False
@@ -193,11 +195,37 @@ class SimGraph:
             reset.capture_begin()
             reset.capture_end()
 
+    def hold(self, args: list) -> None:
+        """What a CUDA graph keeps of the arguments it was recorded on: their addresses, not the tensors (whoever
+        replays it keeps the memory alive, or passes the tensors that own it now to :meth:`replay`)."""
+        self.args = [weakref.ref(a) if isinstance(a, torch.Tensor) else a for a in args]
+        self.addresses = [a.data_ptr() if isinstance(a, torch.Tensor) else None for a in args]
+
     # -- replay ------------------------------------------------------------------------------------------
-    def replay(self) -> None:
+    def replay(self, args: list | None = None) -> None:
+        """Run the recorded kernels on the recorded addresses: on ``args``, the tensors there now (each checked to
+        be at its recorded address), or on the recording's own arguments (each still alive)."""
         rt = self.runtime
         if not self.ended:
             raise SimulatedCudaError("Called CUDAGraph::replay without a preceding successful capture.")
+        if args is None:
+            args = [a() if isinstance(a, weakref.ref) else a for a in self.args]
+            dead = [i for i, (a, ref) in enumerate(zip(args, self.args, strict=True)) if a is None and ref is not None]
+            if dead:
+                raise SimulatedCudaError(
+                    f"a replay would read and write the memory of arguments {dead}, freed since the recording "
+                    "(a CUDA graph keeps addresses, not tensors: keep them alive, or pass the tensors there now)"
+                )
+        moved = [
+            i
+            for i, (a, at) in enumerate(zip(args, self.addresses, strict=True))
+            if at is not None and (not isinstance(a, torch.Tensor) or a.data_ptr() != at)
+        ]
+        if moved:
+            rt.problems.append(
+                f"a replay's kernels access arguments {moved} at their recorded addresses, where the tensors given "
+                "are not: they read and write other memory"
+            )
         if any(w.freed and w.pool is None for w in self.workspaces):
             rt.problems.append(
                 "a replay's GEMMs write the cuBLAS workspace their recording found, which has been freed to the "
@@ -207,7 +235,7 @@ class SimGraph:
         self.replays += 1
         rt.replaying = True
         try:
-            fresh = self.fn(list(self.args))
+            fresh = self.fn(list(args))
         finally:
             rt.replaying = False
         for kept, new in zip(self.outputs, fresh, strict=True):

@@ -17,7 +17,7 @@ from airgraph.lowering.capture_plan import find_uncapturable
 from airgraph.models import build_tiny_llama, decode_inputs, prefill_inputs
 from airgraph.runtime.capture import CaptureState
 from airgraph.runtime.simulated import SimGraph, SimulatedCuda
-from tests.helpers import assert_close, compile_with
+from tests.helpers import assert_close, compile_with, top_level_ops
 
 # -- CPU: deciding what can be captured ----------------------------------------------------------------------
 
@@ -209,9 +209,9 @@ def test_caller_stream_is_honoured(target, monkeypatch):
     graph_class = target.graph_class()
     replay = graph_class.replay
 
-    def spy(graph) -> None:
+    def spy(graph, *args) -> None:
         replayed_on.append(target.current_stream())
-        replay(graph)
+        replay(graph, *args)
 
     monkeypatch.setattr(graph_class, "replay", spy)
     with torch.no_grad():
@@ -223,6 +223,31 @@ def test_caller_stream_is_honoured(target, monkeypatch):
         target.current_stream().wait_stream(side)
     assert_close(out, model(x))
     assert replayed_on[-2:] == [target.current_stream(), side]  # the replay ran on the caller's current stream
+
+
+def test_a_replay_copies_its_inputs_in_one_op_per_dtype(target):
+    """Inputs go into their static buffers as CUDAGraph Trees copy theirs: one ``_foreach_copy_`` (one launch on a
+    GPU) per dtype, not one copy per input; the host time of a decode step is mostly such launches."""
+
+    def fn(a: torch.Tensor, b: torch.Tensor, idx: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        return (a + b).index_select(0, idx) * pos
+
+    compiled, backend = target.compile(fn, mode="reduce-overhead", kernel_backend="aten")
+
+    def inputs() -> list[torch.Tensor]:
+        values = [torch.randn(4, 8), torch.randn(4, 8), torch.tensor([2, 0]), torch.tensor([3])]
+        return [v.to(target.device) for v in values]
+
+    with torch.no_grad():
+        for _ in range(3):
+            compiled(*inputs())
+        args = inputs()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            out = compiled(*args)
+    assert backend.reports[0].captured
+    assert_close(out, fn(*args))
+    ops = top_level_ops(prof.events())
+    assert ops.count("aten::_foreach_copy_") == 2, ops  # the two float inputs, the two int64 ones
 
 
 @pytest.mark.parametrize("kernel_backend", ["aten", "inductor"])

@@ -4,6 +4,7 @@ simulated runtime (airgraph/runtime/simulated.py), with its race checker, and co
 from __future__ import annotations
 
 import logging
+import weakref
 
 import pytest
 import torch
@@ -15,8 +16,9 @@ import airgraph.runtime.capture as capture_module
 from airgraph import ops, scope
 from airgraph.runtime import executor
 from airgraph.runtime.capture import CaptureState
+from airgraph.runtime.device import BORROWED
 from airgraph.runtime.outputs import expanded_dims, memory_copier
-from airgraph.runtime.simulated import SimulatedCuda, StreamRaceError
+from airgraph.runtime.simulated import SimulatedCuda, SimulatedCudaError, StreamRaceError
 from airgraph.runtime.simulated_state import SimGraph
 from tests.helpers import assert_close, compile_with
 from tests.streams.models import SeedModel
@@ -429,8 +431,8 @@ def test_weights_saved_for_backward_are_used_in_place(monkeypatch):
     (backward,) = [c for c in captures if c._report.kind == "backward"]
     (entry,) = backward._keys.values()
     weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    in_place = [i for i in entry.static_checked if entry.static_args[i].untyped_storage().data_ptr() in weights]
-    assert in_place  # the saved weights
+    in_place = [i for i in entry.static_checked if entry.static_ptrs[i] in weights]  # by address: not kept alive
+    assert in_place and all(entry.static_args[i] is BORROWED for i in in_place)  # the saved weights
     assert not [i for i in entry.copy_indices if entry.static_args[i].untyped_storage().data_ptr() in weights]
     # A weight replaced by a new tensor (new memory): forward and backward see it moved and record again.
     new_weight = torch.randn(16, 8)
@@ -507,9 +509,9 @@ def test_a_static_cache_made_per_generate_call_is_recorded_again_each_call_and_n
 
     replays, replay = [0], SimGraph.replay
 
-    def counted(graph):
+    def counted(graph, *args):
         replays[0] += 1
-        return replay(graph)
+        return replay(graph, *args)
 
     monkeypatch.setattr(SimGraph, "replay", counted)
     sim = SimulatedCuda()
@@ -531,6 +533,71 @@ def test_a_static_cache_made_per_generate_call_is_recorded_again_each_call_and_n
     # each generate call's first token warms up and records (one call: recording executes nothing); the rest replay
     assert replays == [generates * (tokens - 1)]
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def _cache_step(token: torch.Tensor, cache: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    cache.index_copy_(0, pos, token)
+    return cache.sum(0) * 2
+
+
+def test_a_recording_keeps_no_static_input_alive():
+    """A CUDA graph keeps addresses, not tensors, and so does a recording of the caller's tensors it uses in place:
+    HF ``generate``'s static cache, made per call, is freed when the call returns, so the caching allocator can give
+    its memory to the next call's cache (next test), whose steps then replay without a new recording."""
+    sim = SimulatedCuda()
+    compiled, backend = compile_with(_cache_step, runtime=sim, mode="reduce-overhead", kernel_backend="aten")
+    dropped = []
+    with torch.no_grad():
+        for _ in range(3):  # generate calls
+            cache = torch.zeros(4, 4)
+            torch._dynamo.mark_static_address(cache)
+            for t in range(4):
+                with sim.call():
+                    compiled(torch.randn(1, 4), cache, torch.tensor([t]))
+            dropped.append(weakref.ref(cache))
+            del cache
+    sim.check()
+    assert backend.reports[0].captured
+    assert [ref() for ref in dropped] == [None, None, None]
+
+
+def test_a_new_static_input_at_the_recorded_address_is_replayed_on(captures):
+    """The next generate call's cache at the memory of the last one (a new tensor: the caching allocator gave the
+    freed block again): the recording is replayed, on the new tensor, and nothing is recorded again."""
+    sim = SimulatedCuda()
+    compiled, backend = compile_with(_cache_step, runtime=sim, mode="reduce-overhead", kernel_backend="aten")
+    memory = torch.empty(16).untyped_storage()  # the block each call's cache gets
+    with torch.no_grad():
+        for _ in range(3):
+            cache, expected = torch.empty(0).set_(memory, 0, (4, 4), (4, 1)).zero_(), torch.zeros(4, 4)
+            torch._dynamo.mark_static_address(cache)
+            for t in range(4):
+                token, pos = torch.randn(1, 4), torch.tensor([t])
+                with sim.call():
+                    got = compiled(token, cache, pos)
+                assert_close(got, _cache_step(token, expected, pos))
+            assert_close(cache, expected)
+            del cache
+    sim.check()
+    (report,) = backend.reports
+    assert report.captured and report.recaptures == 0
+    (entry,) = captures[0]._keys.values()
+    assert entry.replays == 3 * 4 - 1  # every step but the first (its warm-up, then recorded)
+
+
+def test_a_simulated_replay_needs_its_arguments_alive_or_given():
+    sim = SimulatedCuda()
+    x = torch.ones(4)
+    graph, (out,) = sim.capture(lambda a: [a[0] * 2], [x], pool=sim.pool_handle(), stream=sim.new_stream(), device=None)
+    graph.replay()
+    assert_close(out, x * 2)
+    moved = torch.full((4,), 3.0)
+    graph.replay([moved])  # another tensor than the one at the recorded address: the kernels would miss it
+    with pytest.raises(StreamRaceError, match=r"arguments \[0\] at their recorded addresses"):
+        sim.check()
+    del x
+    with pytest.raises(SimulatedCudaError, match=r"freed since the recording"):
+        graph.replay()
 
 
 def shifted_rows(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
