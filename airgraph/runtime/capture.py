@@ -213,7 +213,11 @@ class MemoryPool:
         """Before a replay: every output handed without a copy is free to overwrite (dropped, or moved to a copy
         of its own). False while one is held by something that cannot be moved (a view of it): the replay must
         not run; from then on replays copy their outputs (``copy_outputs``)."""
-        held = [h for h in self.handed if not h.settle()]
+        handed = self.handed
+        if len(handed) == 1 and handed[0].settle():  # a replay's outputs in one storage: a decode step's logits
+            self.handed = []
+            return True
+        held = [h for h in handed if not h.settle()]
         self.handed = held
         if held:
             self.copy_outputs = True

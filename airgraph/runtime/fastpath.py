@@ -119,7 +119,7 @@ def _signature(args: tuple, kwargs: dict) -> tuple | None:
     """The call's signature: grad mode, inference mode, autocast, and per argument its tensor metadata or its
     value; None when an argument is neither a tensor nor a plain scalar (a nested structure, an object)."""
     parts: list[Any] = [_grad(), _inference(), _any_autocast()]
-    add = parts.extend
+    add = parts.append
     for value in (*args, *kwargs.values()) if kwargs else args:
         if isinstance(value, _Tensor):
             add((value.dtype, value.shape, value.stride(), value.device, value.requires_grad))
