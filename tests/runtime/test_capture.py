@@ -250,6 +250,34 @@ def test_a_replay_copies_its_inputs_in_one_op_per_dtype(target):
     assert ops.count("aten::_foreach_copy_") == 2, ops  # the two float inputs, the two int64 ones
 
 
+def _cache_step(token: torch.Tensor, cache: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    cache.index_copy_(0, pos, token)
+    return cache.sum(0) * 2
+
+
+@pytest.mark.cuda
+def test_a_static_cache_made_per_call_gets_its_memory_back_and_replays(captures):
+    """HF ``generate`` on a GPU: a static cache per generate call, dropped when the call returns. The recording keeps
+    no cache alive, so the caching allocator gives the next call's cache the same memory and the recording replays
+    on it: recorded again at most once (the first two calls' caches may differ), where a recording that held its
+    cache was recorded again every call."""
+    compiled, backend = compile_with(_cache_step, mode="reduce-overhead", kernel_backend="aten")
+    generates, tokens = 5, 6
+    with torch.no_grad():
+        for _ in range(generates):
+            cache, expected = torch.zeros(tokens, 64, device="cuda"), torch.zeros(tokens, 64, device="cuda")
+            torch._dynamo.mark_static_address(cache)
+            for t in range(tokens):
+                token, pos = torch.randn(1, 64, device="cuda"), torch.tensor([t], device="cuda")
+                assert_close(compiled(token, cache, pos), _cache_step(token, expected, pos))
+            assert_close(cache, expected)
+            del cache, expected
+    (report,) = backend.reports
+    assert report.captured and report.recaptures <= 1, report.recaptures
+    (entry,) = captures[0]._keys.values()
+    assert entry.replays == generates * tokens - 1 - report.recaptures  # a recording: one call, warmed up
+
+
 @pytest.mark.parametrize("kernel_backend", ["aten", "inductor"])
 def test_tiny_llama_decode_captured(kernel_backend, target):
     model = build_tiny_llama("tiny", seed=0, device=target.device)
