@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import airgraph.runtime.capture as capture_module
 from tests.helpers import cuda_unusable
 
 
@@ -99,3 +100,17 @@ def fixed_machine(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.Temp
     yield
     for cache in caches:
         cache.cache_clear()
+
+
+@pytest.fixture
+def captures(monkeypatch: pytest.MonkeyPatch) -> list[capture_module.GraphCapture]:
+    """Every GraphCapture made during the test, in order (their keys say what was recorded and replayed)."""
+    made: list[capture_module.GraphCapture] = []
+    original = capture_module.GraphCapture.__init__
+
+    def init(self, *args, **kwargs) -> None:
+        original(self, *args, **kwargs)
+        made.append(self)
+
+    monkeypatch.setattr(capture_module.GraphCapture, "__init__", init)
+    return made

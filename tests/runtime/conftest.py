@@ -1,25 +1,9 @@
-"""Fixtures of the runtime tests: the GraphCapture objects a test's compilations made."""
+"""Fixtures of the runtime tests (the GraphCapture objects a test's compilations made: tests/conftest.py)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-
-import airgraph.runtime.capture as capture_module
-
-
-@pytest.fixture
-def captures(monkeypatch: pytest.MonkeyPatch) -> list[capture_module.GraphCapture]:
-    """Every GraphCapture made during the test, in order (their keys say what was recorded and replayed)."""
-    made: list[capture_module.GraphCapture] = []
-    original = capture_module.GraphCapture.__init__
-
-    def init(self, *args, **kwargs) -> None:
-        original(self, *args, **kwargs)
-        made.append(self)
-
-    monkeypatch.setattr(capture_module.GraphCapture, "__init__", init)
-    return made
 
 
 @pytest.fixture

@@ -52,3 +52,51 @@ def test_static_cache_decode_is_captured_once_and_replayed():
     decode = [r for r in backend.reports if r.captured]
     assert decode, [r.uncaptured_reason for r in backend.reports]
     assert sum(r.capture_keys for r in backend.reports) == 2  # the prefill's shape and the decode step's
+
+
+def test_hf_generate_with_a_static_cache_replays_on_the_simulator(captures):
+    """transformers' own ``generate`` with a static cache, its compiled forward on airgraph reduce-overhead with the
+    simulated CUDA runtime: each call makes a new cache (tensors marked static, which the recording keeps by address
+    only); three calls give eager's tokens, record their step at most once each, are never given up, and no replay
+    races or runs on memory freed since its recording."""
+    from transformers import CompileConfig, LlamaConfig, LlamaForCausalLM
+
+    hf_config = LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=128,
+        max_position_embeddings=64,
+        eos_token_id=None,
+        pad_token_id=0,
+        attn_implementation="sdpa",
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(hf_config).eval()
+    model.generation_config.eos_token_id, model.generation_config.pad_token_id = None, 0
+    config = airgraph.CompilerConfig()
+    config.mode, config.kernel_backend = "reduce-overhead", "aten"
+    sim = SimulatedCuda()
+    backend = AirgraphBackend(config, runtime=sim)
+
+    def compiler(gm: torch.fx.GraphModule, example_inputs: list) -> object:  # CompileConfig deep-copies a backend
+        return backend(gm, example_inputs)
+
+    compile_config = CompileConfig(backend=compiler, mode=None, dynamic=False)
+    compile_config._compile_all_devices = True  # generate compiles on a GPU only, unless told so
+    generates, new_tokens = 3, 6
+    with torch.no_grad():
+        for call in range(generates):
+            ids = torch.randint(3, 128, (1, 5), generator=torch.Generator().manual_seed(call))
+            inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+            common = {"max_new_tokens": new_tokens, "do_sample": False, "cache_implementation": "static"}
+            want = model.generate(**inputs, **common, disable_compile=True)
+            got = model.generate(**inputs, **common, compile_config=compile_config)
+            assert torch.equal(got, want), (call, got, want)
+    sim.check()
+    (report,) = [r for r in backend.reports if r.captured]
+    assert report.uncaptured_reason is None and report.recaptures <= generates - 1
+    (entry,) = [k for c in captures for k in c._keys.values() if k.replays]
+    assert entry.replays == generates * (new_tokens - 1) - 1 - report.recaptures  # a recording: one call
