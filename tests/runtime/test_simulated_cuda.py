@@ -398,17 +398,9 @@ def test_a_data_dependent_op_keeps_the_graph_uncaptured_on_the_simulator_too():
     assert not report.captured and "aten.nonzero.default" in report.uncaptured_reason
 
 
-def test_weights_saved_for_backward_are_used_in_place(monkeypatch):
+def test_weights_saved_for_backward_are_used_in_place(captures):
     """The backward graph gets the weights as saved tensors (views of the parameters), not as parameters:
     recognised by their memory, they are read in place instead of copied into buffers every step."""
-    captures: list[capture_module.GraphCapture] = []
-    original = capture_module.GraphCapture.__init__
-
-    def init(self, *args, **kwargs) -> None:
-        original(self, *args, **kwargs)
-        captures.append(self)
-
-    monkeypatch.setattr(capture_module.GraphCapture, "__init__", init)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
     reference = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
