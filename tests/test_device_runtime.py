@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import copy
+import pickle
 import time
 
 import pytest
 import torch
 
-from airgraph.runtime.device import CPU, CUDA, DeviceRuntime, runtime_for
+from airgraph.runtime.device import BORROWED, CPU, CUDA, FOREACH_COPY_DTYPES, DeviceRuntime, runtime_for
 from airgraph.runtime.simulated import SimulatedCuda
 
 
@@ -47,3 +49,20 @@ def test_the_simulators_time_is_a_deterministic_cost_model():
     per_op = sim.LAUNCH_SECONDS + 2 * x.numel() * 4 / sim.BYTES_PER_SECOND  # one launch, 4 KiB read and written
     assert t1 == pytest.approx(per_op) and t3 == pytest.approx(3 * per_op)
     assert sim.time(view_only, [x], iters=1) == 0.0  # views launch nothing
+
+
+def test_borrowed_is_one_object_through_copies():
+    assert copy.deepcopy(BORROWED) is BORROWED and pickle.loads(pickle.dumps(BORROWED)) is BORROWED
+    assert copy.deepcopy([BORROWED, 1])[0] is BORROWED
+
+
+def test_the_simulator_refuses_a_foreach_copy_cuda_has_no_kernel_for():
+    sim = SimulatedCuda()
+    dst, src = torch.zeros(4, dtype=torch.uint16), torch.ones(4, dtype=torch.uint16)
+    with pytest.raises(NotImplementedError, match=r"foreach_tensor_copy.*uint16"):
+        sim.copy_many([dst], [src])
+    assert {torch.float32, torch.bfloat16, torch.int64, torch.bool} <= FOREACH_COPY_DTYPES
+    assert torch.uint16 not in FOREACH_COPY_DTYPES
+    floats, ints = [torch.zeros(2), torch.zeros(3)], [torch.zeros(2, dtype=torch.int64)]
+    sim.copy_many(floats + ints, [torch.ones(2), torch.ones(3), torch.ones(2, dtype=torch.int64)])
+    assert all(bool((t == 1).all()) for t in floats + ints)

@@ -12,7 +12,8 @@ Inputs, per position:
   makes the key re-capture. A recording keeps their addresses, not the tensors (``BORROWED``, as a CUDA graph and
   CUDAGraph Trees keep them): HF ``generate`` makes a static cache (its tensors marked static) per call and drops
   it when the call returns, and the caching allocator gives the next call's cache the same memory, where the
-  recording replays as it is instead of recording again;
+  recording replays as it is instead of recording again (unless an output of the graph is a view of the cache:
+  the recording keeps its outputs, and so that memory, and the next cache moves);
 - every other tensor is copied into a static buffer before each replay, all of one dtype in one device op
   (``torch._foreach_copy_``, as CUDAGraph Trees copy theirs: one launch, not one per input); a mutated one (in-place
   update in the graph) is copied back after the replay. The buffers are
@@ -102,7 +103,7 @@ from typing import Any, Protocol
 
 import torch
 
-from airgraph.runtime.device import BORROWED, CUDA, CaptureError, DeviceRuntime
+from airgraph.runtime.device import BORROWED, CUDA, FOREACH_COPY_DTYPES, CaptureError, DeviceRuntime
 from airgraph.runtime.fastpath import MISS
 from airgraph.runtime.host import HostSplit, refill
 from airgraph.runtime.outputs import (
@@ -154,7 +155,8 @@ class _Key:
     statics: list[Any] = field(default_factory=list)
     refill: list[tuple[torch.Tensor, Any]] = field(default_factory=list)
     # Inputs copied into their buffers before a replay: per dtype, (the buffers, the getter of the inputs), one
-    # runtime.copy_many each; expanded inputs (stride 0) one by one, (input, buffer, copier).
+    # runtime.copy_many each; expanded inputs (stride 0) and dtypes copy_many is not given one by one, (input,
+    # buffer, copier).
     batches: list[tuple[list[Any], Callable[[list], Sequence[Any]]]] = field(default_factory=list)
     copies: list[tuple[int, Any, Callable[[Any, Any], Any]]] = field(default_factory=list)
     copy_back: tuple[int, ...] = ()  # mutated inputs copied back from their buffers after a replay
@@ -573,7 +575,7 @@ class GraphCapture:
                 refill(transfer, buffer, values[transfer.source], runtime)
         for buffers, inputs in entry.batches:
             runtime.copy_many(buffers, inputs(args))
-        for i, buffer, copy in entry.copies:  # over the memory of expanded dims
+        for i, buffer, copy in entry.copies:  # copy_, or over the memory of expanded dims
             copy(buffer, args[i])
         runtime.replay(entry.graph, static_args, args)
         entry.replays += 1
@@ -623,18 +625,18 @@ def _getter(positions: list[int]) -> Callable[[list], Sequence[Any]]:
 
 def _input_copies(static_args: list, indices: Sequence[int], runtime: DeviceRuntime) -> tuple[list, list]:
     """How a replay copies the inputs at ``indices`` into their buffers (``static_args``): per dtype, one
-    ``runtime.copy_many`` of (the buffers, a getter of the inputs); an expanded buffer (stride 0) one by one, over
-    the memory it really has (outputs.memory_copier)."""
+    ``runtime.copy_many`` of (the buffers, a getter of the inputs); one by one an expanded buffer (stride 0), over
+    the memory it really has (outputs.memory_copier), and a dtype CUDA's foreach copy refuses."""
     by_dtype: dict[torch.dtype, list[int]] = {}
-    expanded = []
+    one_by_one = []
     for i in indices:
         buffer = static_args[i]
-        if expanded_dims(buffer):
-            expanded.append((i, buffer, memory_copier(runtime.copy_, buffer)))
+        if expanded_dims(buffer) or buffer.dtype not in FOREACH_COPY_DTYPES:
+            one_by_one.append((i, buffer, memory_copier(runtime.copy_, buffer)))
         else:
             by_dtype.setdefault(buffer.dtype, []).append(i)
     batches = [([static_args[i] for i in group], _getter(group)) for group in by_dtype.values()]
-    return batches, expanded
+    return batches, one_by_one
 
 
 def _moved(args: list, entry: _Key, i: int) -> bool:

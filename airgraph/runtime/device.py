@@ -66,11 +66,27 @@ class _Borrowed:
     def __repr__(self) -> str:
         return "BORROWED"
 
+    def __reduce__(self) -> str:  # a copy (copy.deepcopy, pickle) is the one BORROWED, which `is` compares with
+        return "BORROWED"
+
 
 # In a recorded graph's argument list: a caller's tensor the graph reads or writes in place (a parameter, a buffer,
 # a static cache), which the recording does not keep alive (a CUDA graph holds addresses, not tensors): each replay
 # runs on the call's own tensor at that position, found at the recorded address (GraphCapture checks it first).
 BORROWED = _Borrowed()
+
+
+# The dtypes CUDA's torch._foreach_copy_ copies in one launch (its kernel's dispatch list, the same in torch 2.11 to
+# 2.15); it refuses the others (uint16/32/64, complex32, float8_e8m0fnu, float4, bits: "not implemented"), which
+# copy_many is not given (the CPU's foreach copies any dtype, one tensor at a time).
+FOREACH_COPY_DTYPES = frozenset(
+    getattr(torch, name)
+    for name in (
+        "float32", "float64", "float16", "bfloat16", "int8", "uint8", "int16", "int32", "int64", "bool",
+        "complex64", "complex128", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz",
+    )
+    if hasattr(torch, name)
+)  # fmt: skip
 
 
 @runtime_checkable
@@ -125,9 +141,9 @@ class DeviceRuntime(Protocol):
     def wrap_segment(self, segment: Any, fn: Callable[[list], Any]) -> Callable[[list], Any]: ...
     def copy_(self, dst: torch.Tensor, src: torch.Tensor, *, non_blocking: bool = False) -> None: ...
     def copy_many(self, dsts: Sequence[torch.Tensor], srcs: Sequence[torch.Tensor]) -> None:
-        """Each of ``srcs`` into its ``dsts`` (same device, dtype and layout; nothing expanded): one device op for
-        them all (``torch._foreach_copy_``: on CUDA one kernel launch where the dtypes agree, as CUDAGraph Trees copy
-        their inputs), not one per tensor."""
+        """Each of ``srcs`` into its ``dsts`` (same device, dtype and layout; nothing expanded; dtypes of
+        :data:`FOREACH_COPY_DTYPES` only): one device op for them all (``torch._foreach_copy_``: on CUDA one kernel
+        launch where the dtypes agree, as CUDAGraph Trees copy their inputs), not one per tensor."""
 
     def run_op(self, op: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """One device op outside any segment (a host value's copy to the device, in the host split)."""

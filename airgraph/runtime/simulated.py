@@ -58,7 +58,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from airgraph.runtime.device import BORROWED, UNCACHED_ALLOCATOR, record
+from airgraph.runtime.device import BORROWED, FOREACH_COPY_DTYPES, UNCACHED_ALLOCATOR, record
 from airgraph.runtime.outputs import expanded_dims, memory_copier, one_per_expanded, storage
 from airgraph.runtime.simulated_device import DeviceFunctions, DeviceOps, Placement, device_to_host
 from airgraph.runtime.simulated_state import (
@@ -301,7 +301,10 @@ class SimulatedCuda:
 
     def copy_many(self, dsts: Sequence[torch.Tensor], srcs: Sequence[torch.Tensor]) -> None:
         """One op (``torch._foreach_copy_``, which refuses what CUDA's does: lists of unequal length, an expanded
-        destination) reading every source and writing every destination."""
+        destination, a dtype outside FOREACH_COPY_DTYPES) reading every source and writing every destination."""
+        refused = sorted({str(d.dtype) for d in dsts} - {str(t) for t in FOREACH_COPY_DTYPES})
+        if refused:  # the CPU's foreach copies them one by one; CUDA's kernel has no case for them
+            raise NotImplementedError(f'"foreach_tensor_copy" not implemented for {", ".join(refused)} on CUDA')
         stream = self.current_stream()
         stamp = stream.tick()
         for dst, src in zip(dsts, srcs, strict=True):

@@ -250,6 +250,26 @@ def test_a_replay_copies_its_inputs_in_one_op_per_dtype(target):
     assert ops.count("aten::_foreach_copy_") == 2, ops  # the two float inputs, the two int64 ones
 
 
+def test_an_input_of_a_dtype_the_foreach_copy_refuses_is_copied_alone(target):
+    """CUDA's ``_foreach_copy_`` has no kernel for uint16 (nor uint32/64, complex32, float8_e8m0fnu): such an input
+    goes into its buffer with a copy of its own, beside the batch of the others (the simulator refuses as CUDA)."""
+
+    def fn(a: torch.Tensor, b: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        return (a + b) * scale.to(torch.float32)
+
+    compiled, backend = target.compile(fn, mode="reduce-overhead", kernel_backend="aten")
+
+    def inputs() -> list[torch.Tensor]:
+        scale = torch.randint(0, 9, (4, 8)).to(torch.uint16)
+        return [v.to(target.device) for v in (torch.randn(4, 8), torch.randn(4, 8), scale)]
+
+    with torch.no_grad():
+        for _ in range(4):
+            args = inputs()
+            assert_close(compiled(*args), fn(*args))
+    assert backend.reports[0].captured and backend.reports[0].uncaptured_reason is None
+
+
 def _cache_step(token: torch.Tensor, cache: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     cache.index_copy_(0, pos, token)
     return cache.sum(0) * 2
