@@ -154,9 +154,9 @@ class _Key:
     # HostSplit only: the key's static host values, and (static buffer, transfer) pairs refilled per call.
     statics: list[Any] = field(default_factory=list)
     refill: list[tuple[torch.Tensor, Any]] = field(default_factory=list)
-    # Inputs copied into their buffers before a replay: per dtype, (the buffers, the getter of the inputs), one
-    # runtime.copy_many each; expanded inputs (stride 0) and dtypes copy_many is not given one by one, (input,
-    # buffer, copier).
+    # Inputs copied into their buffers before a replay: per device and dtype, (the buffers, the getter of the
+    # inputs), one runtime.copy_many each; expanded inputs (stride 0) and dtypes copy_many is not given one by one,
+    # (input, buffer, copier).
     batches: list[tuple[list[Any], Callable[[list], Sequence[Any]]]] = field(default_factory=list)
     copies: list[tuple[int, Any, Callable[[Any, Any], Any]]] = field(default_factory=list)
     copy_back: tuple[int, ...] = ()  # mutated inputs copied back from their buffers after a replay
@@ -624,18 +624,19 @@ def _getter(positions: list[int]) -> Callable[[list], Sequence[Any]]:
 
 
 def _input_copies(static_args: list, indices: Sequence[int], runtime: DeviceRuntime) -> tuple[list, list]:
-    """How a replay copies the inputs at ``indices`` into their buffers (``static_args``): per dtype, one
-    ``runtime.copy_many`` of (the buffers, a getter of the inputs); one by one an expanded buffer (stride 0), over
-    the memory it really has (outputs.memory_copier), and a dtype CUDA's foreach copy refuses."""
-    by_dtype: dict[torch.dtype, list[int]] = {}
+    """How a replay copies the inputs at ``indices`` into their buffers (``static_args``): per device and dtype
+    (a CPU scalar a CUDA graph reads has a CPU buffer), one ``runtime.copy_many`` of (the buffers, a getter of the
+    inputs); one by one an expanded buffer (stride 0), over the memory it really has (outputs.memory_copier), and
+    a dtype CUDA's foreach copy refuses."""
+    groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
     one_by_one = []
     for i in indices:
         buffer = static_args[i]
         if expanded_dims(buffer) or buffer.dtype not in FOREACH_COPY_DTYPES:
             one_by_one.append((i, buffer, memory_copier(runtime.copy_, buffer)))
         else:
-            by_dtype.setdefault(buffer.dtype, []).append(i)
-    batches = [([static_args[i] for i in group], _getter(group)) for group in by_dtype.values()]
+            groups.setdefault((buffer.device, buffer.dtype), []).append(i)
+    batches = [([static_args[i] for i in group], _getter(group)) for group in groups.values()]
     return batches, one_by_one
 
 
