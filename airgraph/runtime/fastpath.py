@@ -27,14 +27,19 @@ at no extra cost):
 - grad mode, inference mode or autocast switched: part of the signature;
 - a parameter, buffer or submodule assigned (``module.weight = ...``, ``load_state_dict(assign=True)``): global
   registration hooks count every assignment in the process, and every route of every fast path is dropped;
+- parameters replaced without an assignment: ``model.to`` (``.half``, ``.cuda``) under
+  ``torch.__future__.set_overwrite_module_params_on_conversion(True)`` puts new Parameter objects into the modules'
+  dicts, unseen by the hooks. While that flag is on, no call takes a route (the flag is part of the signature) and
+  the routes learned before are dropped;
 - a parameter or buffer moved (``model.to``, ``.half()``, ``param.data = ...``): its address is checked each call
   (the GraphCapture's own check on captured graphs), and the call goes through ``torch.compile``, whose guards
   recompile where the dtype or device changed.
 
 **What it does not check** (why it is opt-in): Python state the forward reads besides its arguments, parameters
 and buffers (a flag on the module, a global, a tensor attribute that is not a buffer is refused, but an int
-attribute is a constant of the graph). Dynamo guards on those; the fast path does not. Call
-:meth:`FastPath.reset` after changing such state, or leave the fast path off.
+attribute is a constant of the graph), and a parameter object put into a module's ``_parameters`` by hand (or by
+``model.to`` with that future flag switched on and off again between two calls of the fast path). Dynamo guards on
+those; the fast path does not. Call :meth:`FastPath.reset` after changing such state, or leave the fast path off.
 """
 
 from __future__ import annotations
@@ -57,6 +62,9 @@ _hooks_installed = False
 _SCALARS = (int, float, bool, str, type(None))
 _any_autocast = torch._C._is_any_autocast_enabled  # autocast on any device type
 _grad, _inference = torch.is_grad_enabled, torch.is_inference_mode_enabled
+# On, Module._apply (model.to, .half, .cuda) puts new Parameter objects straight into the module's _parameters,
+# where the registration hooks never see them
+_overwrites_parameters = torch.__future__.get_overwrite_module_params_on_conversion
 _Tensor = torch.Tensor
 _increment_version = torch._C._increment_version  # torch.autograd.graph.increment_version, without its checks
 MISS = object()  # what a graph's fast_call returns for a call it leaves to torch.compile
@@ -118,7 +126,7 @@ def _install_hooks() -> None:
 def _signature(args: tuple, kwargs: dict) -> tuple | None:
     """The call's signature: grad mode, inference mode, autocast, and per argument its tensor metadata or its
     value; None when an argument is neither a tensor nor a plain scalar (a nested structure, an object)."""
-    parts: list[Any] = [_grad(), _inference(), _any_autocast()]
+    parts: list[Any] = [_grad(), _inference(), _any_autocast(), _overwrites_parameters()]
     add = parts.append
     for value in (*args, *kwargs.values()) if kwargs else args:
         if isinstance(value, _Tensor):
@@ -222,6 +230,9 @@ class FastPath:
                 return result
             if route.epoch != _assignments[0]:
                 self._routes.clear()  # a parameter, buffer or submodule was assigned somewhere: learn again
+        if _overwrites_parameters():  # parameters may be replaced unseen: no route now, none kept from before
+            self._routes.clear()
+            return self.compiled(*args, **kwargs)
         if signature is None or signature in self.refused:
             return self.compiled(*args, **kwargs)
         if signature not in self._seen:

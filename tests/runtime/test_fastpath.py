@@ -103,6 +103,32 @@ def test_an_assigned_parameter_is_learned_again():
     assert fast.fast_calls == calls + 1
 
 
+@pytest.fixture
+def overwriting_conversions():
+    """``model.to`` puts new Parameter objects into the modules (torch.__future__'s flag), for the test's duration."""
+    torch.__future__.set_overwrite_module_params_on_conversion(True)
+    yield
+    torch.__future__.set_overwrite_module_params_on_conversion(False)
+
+
+def test_parameters_replaced_by_a_conversion_are_never_read_stale(overwriting_conversions):
+    """``model.to`` under torch.__future__.set_overwrite_module_params_on_conversion(True) replaces each Parameter
+    object unseen by the assignment hooks; the route kept the old ones, and read their stale values."""
+    model, x, fast = warmed_step()
+    with torch.no_grad():
+        model.double().float()  # new Parameter objects, the same values, dtype and signature
+        model.up.weight.mul_(2)  # written in place: only the new objects have it
+        for _ in range(3):
+            assert_close(fast(x), model(x))
+        assert fast.routes == 0  # none while the flag is on
+    torch.__future__.set_overwrite_module_params_on_conversion(False)
+    calls = fast.fast_calls
+    with torch.no_grad():
+        for _ in range(3):  # learned again, on the new parameters
+            assert_close(fast(x), model(x))
+    assert fast.routes == 1 and fast.fast_calls == calls + 1
+
+
 def test_a_moved_parameter_is_left_to_torch_compile():
     model, x, fast = warmed_step()
     calls = fast.fast_calls
