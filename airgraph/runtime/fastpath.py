@@ -24,7 +24,8 @@ at no extra cost):
 
 - a new shape, stride, dtype or device of any tensor argument, or another value of a non-tensor argument
   (int, float, bool, str, None), or another argument structure: another signature, learned anew;
-- grad mode, inference mode or autocast switched: part of the signature;
+- grad mode, inference mode or autocast switched, or the model put in training or eval mode (``model.train()``,
+  ``model.eval()``: the model's own ``training`` flag): part of the signature;
 - a parameter, buffer or submodule assigned (``module.weight = ...``, ``load_state_dict(assign=True)``): global
   registration hooks count every assignment in the process, and every route of every fast path is dropped;
 - parameters replaced without an assignment: ``model.to`` (``.half``, ``.cuda``) under
@@ -37,9 +38,10 @@ at no extra cost):
 
 **What it does not check** (why it is opt-in): Python state the forward reads besides its arguments, parameters
 and buffers (a flag on the module, a global, a tensor attribute that is not a buffer is refused, but an int
-attribute is a constant of the graph), and a parameter object put into a module's ``_parameters`` by hand (or by
-``model.to`` with that future flag switched on and off again between two calls of the fast path). Dynamo guards on
-those; the fast path does not. Call :meth:`FastPath.reset` after changing such state, or leave the fast path off.
+attribute is a constant of the graph; the ``training`` flag of a submodule switched alone), and a parameter object
+put into a module's ``_parameters`` by hand (or by ``model.to`` with that future flag switched on and off again
+between two calls of the fast path). Dynamo guards on those; the fast path does not. Call :meth:`FastPath.reset`
+after changing such state, or leave the fast path off.
 """
 
 from __future__ import annotations
@@ -123,10 +125,11 @@ def _install_hooks() -> None:
     _hooks_installed = True
 
 
-def _signature(args: tuple, kwargs: dict) -> tuple | None:
-    """The call's signature: grad mode, inference mode, autocast, and per argument its tensor metadata or its
-    value; None when an argument is neither a tensor nor a plain scalar (a nested structure, an object)."""
-    parts: list[Any] = [_grad(), _inference(), _any_autocast(), _overwrites_parameters()]
+def _signature(args: tuple, kwargs: dict, training: bool | None) -> tuple | None:
+    """The call's signature: grad mode, inference mode, autocast, the parameter-overwriting flag, the model's
+    ``training`` flag, and per argument its tensor metadata or its value; None when an argument is neither a tensor
+    nor a plain scalar (a nested structure, an object)."""
+    parts: list[Any] = [_grad(), _inference(), _any_autocast(), _overwrites_parameters(), training]
     add = parts.append
     for value in (*args, *kwargs.values()) if kwargs else args:
         if isinstance(value, _Tensor):
@@ -204,6 +207,7 @@ class FastPath:
     def __init__(self, model: Any, compiled: Callable[..., Any]) -> None:
         _install_hooks()
         self.model, self.compiled = model, compiled
+        self._module = model if isinstance(model, torch.nn.Module) else None  # its training flag: in the signature
         self.backend: Any = None  # the AirgraphBackend (airgraph.compile sets it)
         self._routes: dict[tuple, _Route] = {}
         self.refused: dict[tuple, str] = {}
@@ -221,7 +225,7 @@ class FastPath:
         return len(self._routes)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        signature = _signature(args, kwargs)
+        signature = _signature(args, kwargs, self._module.training if self._module is not None else None)
         route = self._routes.get(signature) if signature is not None else None
         if route is not None:
             result = route((*args, *kwargs.values()) if kwargs else args)

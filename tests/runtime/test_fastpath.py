@@ -65,8 +65,12 @@ def test_a_new_shape_or_scalar_takes_another_signature():
         x = torch.randn(2, 16)
         assert_close(fast(x), model(x))  # another shape: through torch.compile, not the route of (4, 16)
     assert fast.fast_calls == calls
-    signature = fastpath._signature
+
+    def signature(args: tuple, kwargs: dict, training: bool = False) -> tuple | None:
+        return fastpath._signature(args, kwargs, training)
+
     assert signature((x, 2), {}) != signature((x, 3), {})
+    assert signature((x,), {}) != signature((x,), {}, training=True)
     assert signature((x,), {}) != signature((x.t().contiguous().t(),), {})  # strides
     assert signature((x,), {}) != signature((x.double(),), {})
     assert signature((x,), {}) != signature((torch.empty(2, 16, device="meta"),), {})  # another device
@@ -101,6 +105,21 @@ def test_an_assigned_parameter_is_learned_again():
         assert fast.fast_calls == calls and fast.routes == 1
         assert_close(fast(x), model(x))
     assert fast.fast_calls == calls + 1
+
+
+def test_training_mode_leaves_the_route_of_eval_mode():
+    """``model.train()`` sets the flag dropout reads (Dynamo guards on it): a route learned in eval mode would drop
+    no activation."""
+    model = nn.Sequential(nn.Linear(64, 64), nn.Dropout(0.9)).eval()
+    fast, x = fast_compile(model), torch.randn(4, 64)
+    warm(fast, x)
+    with torch.no_grad():
+        model.train()
+        assert all(bool((fast(x) == 0).any()) for _ in range(4))  # dropout drops, in every call (its own route)
+        model.eval()
+        calls = fast.fast_calls
+        assert_close(fast(x), model(x))
+    assert fast.fast_calls == calls + 1 and fast.routes == 2  # the eval route again, beside the training one
 
 
 @pytest.fixture
