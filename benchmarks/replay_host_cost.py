@@ -92,7 +92,7 @@ def _capture_and_key(fast: Any, tokens: torch.Tensor, pos: torch.Tensor) -> tupl
     args = route.template.copy()
     for position, index in route.slots:
         args[position] = (tokens, pos)[index]
-    return route.fast_call.__self__, route.entry[0], args
+    return route.replayer.__self__, route.run.key, args
 
 
 def _address_check_us(fast: Any, tokens: torch.Tensor, pos: torch.Tensor, calls: int) -> float:
@@ -104,7 +104,7 @@ def _address_check_us(fast: Any, tokens: torch.Tensor, pos: torch.Tensor, calls:
 
 
 def _static_count(fast: Any) -> int:
-    return len(next(iter(fast._routes.values())).entry[0].static_checked)
+    return len(next(iter(fast._routes.values())).run.key.static_checked)
 
 
 def run(preset: str, calls: int, rounds: int) -> dict[str, Any]:

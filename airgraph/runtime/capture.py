@@ -397,26 +397,28 @@ class GraphCapture:
             self._record(entry, keep, *buffers)
         return outputs
 
-    def fast_call(self, args: list, entry: Any = None, statics: tuple = ()) -> Any:
-        """A call from the fast path (runtime/fastpath.py): the replay of a recorded key (``entry``: the key's
-        state, as :meth:`fast_entry` gave it) whose static inputs are where they were; anything else (a key warming
-        up, not captured, or whose parameters moved) is :data:`MISS`, left to ``torch.compile`` (whose guards
-        recompile for a new dtype or device)."""
-        if entry is None:
-            entry = self.fast_entry(args)
-        if entry is None or entry.state is not CaptureState.CAPTURED or self._static_moved(args, entry, statics):
-            return MISS
-        return self._replay(entry, args)
-
-    def fast_entry(self, args: list) -> tuple[_Key, tuple] | None:
-        """The state of the key of ``args`` once it is recorded, and its static inputs (the tensors at the checked
-        positions of ``args``); the fast path keeps both per route."""
+    def fast_replayer(self, args: list, per_call: set[int]) -> Callable[[list], Any] | None:
+        """For the fast path (runtime/fastpath.py), once the key of ``args`` is recorded (else None): the call
+        that replays it for the calls of one signature, or returns :data:`MISS` (left to ``torch.compile``, whose
+        guards recompile for a new dtype or device) when the key is not recorded any more or a static input moved.
+        The static inputs are the same tensors every call (kept with the replayer) unless one is at a position
+        ``per_call`` (an argument of the call that views a parameter's memory): then they are read from each call's
+        arguments."""
         if self._uncapturable:
             return None
         entry = self._keys.get(self._key(args))
         if entry is None or entry.state is not CaptureState.CAPTURED:
             return None
-        return entry, tuple(args[i] for i in entry.static_checked)
+        statics = () if per_call & set(entry.static_checked) else tuple(args[i] for i in entry.static_checked)
+        captured, moved, replay = CaptureState.CAPTURED, self._static_moved, self._replay
+
+        def fast_replay(args: list) -> Any:
+            if entry.state is not captured or moved(args, entry, statics):
+                return MISS
+            return replay(entry, args)
+
+        fast_replay.key = entry  # type: ignore[attr-defined]  # (tests and benchmarks look at it)
+        return fast_replay
 
     def _new_key(self) -> _Key:
         captured = sum(1 for k in self._keys.values() if k.state is not CaptureState.UNCAPTURED)

@@ -87,14 +87,13 @@ def _versions(values: list[Any]) -> list[int | None]:
 
 class Direct:
     """A compiled graph's boxed callable, as the backend returns it to AOTAutograd (or Dynamo), which a
-    :class:`FastPath` may call directly. ``kind``: "inference", "forward" or "backward"; ``fast_call(args)``: the
-    callable the fast path calls, which returns :data:`MISS` for a call it must leave to ``torch.compile``."""
+    :class:`FastPath` may call directly. ``kind``: "inference", "forward" or "backward". A GraphCapture ``run`` gives
+    the fast path a replayer per recorded key (``fast_replayer``), which returns :data:`MISS` for a call it must
+    leave to ``torch.compile``; any other ``run`` is called as it is."""
 
     def __init__(self, run: Callable[[list], Any], kind: str) -> None:
         self._boxed_call = True
         self.run, self.kind = run, kind
-        fast = getattr(run, "fast_call", None)
-        self.fast_call: Callable[[list], Any] = fast if fast is not None else run
 
     def __call__(self, args: list) -> Any:
         if _learning is None:
@@ -157,19 +156,18 @@ class _Route:
         build: Callable[[list, list], Any],
         epoch: int,
     ) -> None:
-        self.fast_call, self.template, self.slots = direct.fast_call, template, slots
+        self.template, self.slots = template, slots
         self.slot_positions = {position for position, _ in slots}
-        self.fast_entry = getattr(direct.run, "fast_entry", None)  # a GraphCapture: its key's state, once recorded
-        self.entry: Any = None
+        # A GraphCapture: its replayer of the recorded key, found on the first call (run: None until then)
+        self.replayer = getattr(direct.run, "fast_replayer", None)
+        self.run: Callable[[list], Any] | None = None if self.replayer is not None else direct.run
         self.build, self.epoch = build, epoch
         self.bumps = bumps  # graph inputs whose version AOTAutograd increments before the graph: so does the route
         static = set(statics)
         self.bumped = tuple(template[i] for i in bumps) if static.issuperset(bumps) else ()  # the same every call
-        # Captured graphs check their static inputs' addresses themselves (GraphCapture.fast_call); other
+        # Captured graphs check their static inputs' addresses themselves (GraphCapture.fast_replayer); other
         # graphs read whatever tensors they get, so the route checks them.
-        self.checked = (
-            [] if direct.fast_call is not direct.run else [(template[i], template[i].data_ptr()) for i in statics]
-        )
+        self.checked = [] if self.replayer is not None else [(template[i], template[i].data_ptr()) for i in statics]
 
     def __call__(self, values: list[Any]) -> Any:
         if self.epoch != _assignments[0]:
@@ -181,18 +179,12 @@ class _Route:
         for position, index in self.slots:
             args[position] = values[index]
         bumped = (self.bumped or tuple(args[i] for i in self.bumps)) if self.bumps else ()  # the call empties args
-        if self.fast_entry is None:
-            outputs = self.fast_call(args)
-        else:
-            if self.entry is None:
-                found = self.fast_entry(args)  # (the key's state, its static inputs)
-                if found is None:
-                    return MISS
-                key, statics = found
-                # Static inputs are the same tensors every call unless one is a call's argument (an input that
-                # views a parameter's memory): then the capture reads them from each call's arguments.
-                self.entry = (key, statics if not self.slot_positions & set(key.static_checked) else ())
-            outputs = self.fast_call(args, *self.entry)
+        run = self.run
+        if run is None:
+            run = self.run = self.replayer(args, self.slot_positions)  # type: ignore[misc]
+            if run is None:  # not recorded yet
+                return MISS
+        outputs = run(args)
         if outputs is MISS:
             return MISS
         if bumped:  # only for a call that ran: a missed one goes through AOTAutograd, which bumps them itself
