@@ -24,8 +24,12 @@ at no extra cost):
 
 - a new shape, stride, dtype or device of any tensor argument, or another value of a non-tensor argument
   (int, float, bool, str, None), or another argument structure: another signature, learned anew;
-- grad mode, inference mode or autocast switched, or the model put in training or eval mode (``model.train()``,
+- grad mode or inference mode switched, or the model put in training or eval mode (``model.train()``,
   ``model.eval()``: the model's own ``training`` flag): part of the signature;
+- the rest of the global state Dynamo guards on (autocast, the default dtype, TF32 and reduced-precision matmul
+  flags, deterministic algorithms, the number of threads...): each route keeps Dynamo's own GlobalStateGuard of
+  its learning call and checks it every call (0.2 us); a change leaves the route, and the call goes through
+  ``torch.compile`` (whose guards recompile) and learns the route anew;
 - a parameter, buffer or submodule assigned (``module.weight = ...``, ``load_state_dict(assign=True)``): global
   registration hooks count every assignment in the process, and every route of every fast path is dropped;
 - parameters replaced without an assignment: ``model.to`` (``.half``, ``.cuda``) under
@@ -52,6 +56,7 @@ from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
+from torch._C._dynamo.guards import GlobalStateGuard
 
 __all__ = ["MISS", "Direct", "FastPath"]
 
@@ -62,7 +67,6 @@ _assignments = [0]
 _hooks_installed = False
 
 _SCALARS = (int, float, bool, str, type(None))
-_any_autocast = torch._C._is_any_autocast_enabled  # autocast on any device type
 _grad, _inference = torch.is_grad_enabled, torch.is_inference_mode_enabled
 # On, Module._apply (model.to, .half, .cuda) puts new Parameter objects straight into the module's _parameters,
 # where the registration hooks never see them
@@ -125,10 +129,10 @@ def _install_hooks() -> None:
 
 
 def _signature(args: tuple, kwargs: dict, training: bool | None) -> tuple | None:
-    """The call's signature: grad mode, inference mode, autocast, the parameter-overwriting flag, the model's
-    ``training`` flag, and per argument its tensor metadata or its value; None when an argument is neither a tensor
-    nor a plain scalar (a nested structure, an object)."""
-    parts: list[Any] = [_grad(), _inference(), _any_autocast(), _overwrites_parameters(), training]
+    """The call's signature: grad mode, inference mode, the parameter-overwriting flag, the model's ``training``
+    flag, and per argument its tensor metadata or its value; None when an argument is neither a tensor nor a plain
+    scalar (a nested structure, an object). (The rest of the global state is each route's GlobalStateGuard.)"""
+    parts: list[Any] = [_grad(), _inference(), _overwrites_parameters(), training]
     add = parts.append
     for value in (*args, *kwargs.values()) if kwargs else args:
         if isinstance(value, _Tensor):
@@ -155,13 +159,14 @@ class _Route:
         bumps: list[int],
         build: Callable[[list, list], Any],
         epoch: int,
+        state: GlobalStateGuard,
     ) -> None:
         self.template, self.slots = template, slots
         self.slot_positions = {position for position, _ in slots}
         # A GraphCapture: its replayer of the recorded key, found on the first call (run: None until then)
         self.replayer = getattr(direct.run, "fast_replayer", None)
         self.run: Callable[[list], Any] | None = None if self.replayer is not None else direct.run
-        self.build, self.epoch = build, epoch
+        self.build, self.epoch, self.state = build, epoch, state
         self.bumps = bumps  # graph inputs whose version AOTAutograd increments before the graph: so does the route
         static = set(statics)
         self.bumped = tuple(template[i] for i in bumps) if static.issuperset(bumps) else ()  # the same every call
@@ -170,7 +175,7 @@ class _Route:
         self.checked = [] if self.replayer is not None else [(template[i], template[i].data_ptr()) for i in statics]
 
     def __call__(self, values: list[Any]) -> Any:
-        if self.epoch != _assignments[0]:
+        if self.epoch != _assignments[0] or not self.state.check():
             return MISS
         for tensor, ptr in self.checked:
             if tensor.data_ptr() != ptr:
@@ -242,7 +247,7 @@ class FastPath:
         statics = self._statics()
         watched = [v for v in values if isinstance(v, torch.Tensor)] + list(statics.values())
         before = _versions(watched)
-        epoch = _assignments[0]
+        epoch, state = _assignments[0], GlobalStateGuard()
         previous, _learning = _learning, []
         seen = _learning
         try:
@@ -250,7 +255,7 @@ class FastPath:
         finally:
             _learning = previous
         after = _versions(watched)
-        route = _route(seen, values, statics, result, (watched, before, after), epoch)
+        route = _route(seen, values, statics, result, (watched, before, after), epoch, state)
         if isinstance(route, str):
             self.refused[signature] = route
         elif epoch == _assignments[0]:
@@ -270,6 +275,7 @@ def _route(
     result: Any,
     versions: tuple[list, list, list],
     epoch: int,
+    state: GlobalStateGuard,
 ) -> _Route | str:
     """The route for a call that ran ``seen`` (module docstring's conditions), or why there is none."""
     if len(seen) != 1:
@@ -308,7 +314,7 @@ def _route(
     build = _builder(result, call.outputs, by_id)
     if isinstance(build, str):
         return build
-    return _Route(call.direct, template, slots, static_positions, bumps, build, epoch)
+    return _Route(call.direct, template, slots, static_positions, bumps, build, epoch, state)
 
 
 def _builder(result: Any, outputs: Any, by_id: dict[int, int]) -> Callable[[list, list], Any] | str:

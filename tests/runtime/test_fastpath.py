@@ -76,13 +76,40 @@ def test_a_new_shape_or_scalar_takes_another_signature():
     assert signature((x,), {}) != signature((torch.empty(2, 16, device="meta"),), {})  # another device
     assert signature((x,), {}) != signature((), {"x": x})
     plain = signature((x,), {})
-    with torch.autocast("cpu"):
-        assert signature((x,), {}) != plain
     with torch.inference_mode():
         assert signature((x,), {}) != plain
     with torch.no_grad():
         assert signature((x,), {}) != plain
     assert signature(([x],), {}) is None  # a structure: no signature, always torch.compile's path
+
+
+class MakesOnes(Step):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) + torch.ones(x.shape[-1])  # made in the default dtype
+
+
+def test_a_changed_global_state_leaves_the_route():
+    """What Dynamo's global-state guard checks (autocast, the default dtype, deterministic algorithms...) is checked
+    per route with that guard: a route learned in one state is not taken in another, whose call goes through
+    torch.compile (recompiled for it) and learns its own route."""
+    model, x = MakesOnes().eval(), torch.randn(4, 16)
+    fast = fast_compile(model)
+    warm(fast, x)
+    calls = fast.fast_calls
+    with torch.no_grad():
+        torch.set_default_dtype(torch.float64)
+        try:
+            out = fast(x)
+        finally:
+            torch.set_default_dtype(torch.float32)
+        assert out.dtype == torch.float64 and fast.fast_calls == calls  # ones made float64, as eager does
+        with torch.autocast("cpu", dtype=torch.bfloat16):  # the linears in bfloat16
+            got, want = fast(x), model(x)
+        assert fast.fast_calls == calls and not torch.allclose(want, model(x), atol=1e-4)
+        torch.testing.assert_close(got, want)
+        fast(x), fast(x)  # the default state again: learned anew, then routed
+        assert fast.fast_calls == calls + 1
+        assert_close(fast(x), model(x))
 
 
 def test_grad_mode_leaves_the_fast_path():
