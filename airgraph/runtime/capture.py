@@ -346,12 +346,11 @@ class GraphCapture:
                 ptrs[i] = args[i].data_ptr()
         return ptrs
 
-    def _static_moved(self, args: list, entry: _Key, statics: tuple = ()) -> bool:
-        """Whether a static input's address differs from the recording's (a parameter or buffer moved).
-        ``statics``: those inputs when the caller already has them (the fast path: the same tensors every call)."""
-        if _PTRS_EQUAL is not None:  # CUDA builds: the check CUDAGraph Trees use, in C++
+    def _static_moved(self, args: list, entry: _Key) -> bool:
+        """Whether a static input's address differs from the recording's (a parameter or buffer moved)."""
+        if _PTRS_EQUAL is not None:  # CUDA builds: the check CUDAGraph Trees use, in C++ (it costs what Python's does)
             return not _PTRS_EQUAL(args, entry.static_ptrs, entry.static_checked)
-        return list(map(_data_ptr, statics or entry.static_getter(args))) != entry.checked_ptrs
+        return list(map(_data_ptr, entry.static_getter(args))) != entry.checked_ptrs
 
     # -- calls -------------------------------------------------------------------------------------------
     def __call__(self, args: list) -> Any:
@@ -409,13 +408,21 @@ class GraphCapture:
         entry = self._keys.get(self._key(args))
         if entry is None or entry.state is not CaptureState.CAPTURED:
             return None
-        statics = () if per_call & set(entry.static_checked) else tuple(args[i] for i in entry.static_checked)
         captured, moved, replay = CaptureState.CAPTURED, self._static_moved, self._replay
+        if per_call & set(entry.static_checked):
 
-        def fast_replay(args: list) -> Any:
-            if entry.state is not captured or moved(args, entry, statics):
-                return MISS
-            return replay(entry, args)
+            def fast_replay(args: list) -> Any:
+                if entry.state is not captured or moved(args, entry):
+                    return MISS
+                return replay(entry, args)
+
+        else:  # the same tensors every call: their addresses read here (one data_ptr each, as _static_moved does)
+            statics = tuple(args[i] for i in entry.static_checked)
+
+            def fast_replay(args: list) -> Any:
+                if entry.state is not captured or list(map(_data_ptr, statics)) != entry.checked_ptrs:
+                    return MISS
+                return replay(entry, args)
 
         fast_replay.key = entry  # type: ignore[attr-defined]  # (tests and benchmarks look at it)
         return fast_replay

@@ -22,8 +22,9 @@ at no extra cost):
 
 **What a skipped guard would have caught, caught cheaply** (each one tested):
 
-- a new shape, stride, dtype or device of any tensor argument, or another value of a non-tensor argument
-  (int, float, bool, str, None), or another argument structure: another signature, learned anew;
+- a new shape, stride, dtype, device or type (a tensor subclass) of any tensor argument, or another value of a
+  non-tensor argument (int, float, bool, str, None), or another argument structure: another signature, learned
+  anew;
 - grad mode or inference mode switched, or the model put in training or eval mode (``model.train()``,
   ``model.eval()``: the model's own ``training`` flag): part of the signature;
 - the rest of the global state Dynamo guards on (autocast, the default dtype, TF32 and reduced-precision matmul
@@ -130,13 +131,13 @@ def _install_hooks() -> None:
 
 def _signature(args: tuple, kwargs: dict, training: bool | None) -> tuple | None:
     """The call's signature: grad mode, inference mode, the parameter-overwriting flag, the model's ``training``
-    flag, and per argument its tensor metadata or its value; None when an argument is neither a tensor nor a plain
-    scalar (a nested structure, an object). (The rest of the global state is each route's GlobalStateGuard.)"""
+    flag, and per argument its tensor type and metadata or its value; None when an argument is neither a tensor nor
+    a plain scalar (a nested structure, an object). (The rest of the global state: each route's GlobalStateGuard.)"""
     parts: list[Any] = [_grad(), _inference(), _overwrites_parameters(), training]
     add = parts.append
     for value in (*args, *kwargs.values()) if kwargs else args:
         if isinstance(value, _Tensor):
-            add((value.dtype, value.shape, value.stride(), value.device, value.requires_grad))
+            add((type(value), value.dtype, value.shape, value.stride(), value.device, value.requires_grad))
         elif isinstance(value, _SCALARS):
             add((type(value), value))
         else:

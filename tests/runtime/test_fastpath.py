@@ -56,6 +56,10 @@ def test_a_recorded_key_is_called_past_torch_compile_and_equals_eager(monkeypatc
     assert fast.fast_calls == before + 3
 
 
+class Tagged(torch.Tensor):
+    """A tensor subclass (ops keep it, through __torch_function__)."""
+
+
 def test_a_new_shape_or_scalar_takes_another_signature():
     model = Step().eval()
     fast = fast_compile(model)
@@ -73,6 +77,7 @@ def test_a_new_shape_or_scalar_takes_another_signature():
     assert signature((x,), {}) != signature((x,), {}, training=True)
     assert signature((x,), {}) != signature((x.t().contiguous().t(),), {})  # strides
     assert signature((x,), {}) != signature((x.double(),), {})
+    assert signature((x,), {}) != signature((x.as_subclass(Tagged),), {})  # a tensor subclass
     assert signature((x,), {}) != signature((torch.empty(2, 16, device="meta"),), {})  # another device
     assert signature((x,), {}) != signature((), {"x": x})
     plain = signature((x,), {})
