@@ -74,7 +74,7 @@ _grad, _inference = torch.is_grad_enabled, torch.is_inference_mode_enabled
 _overwrites_parameters = torch.__future__.get_overwrite_module_params_on_conversion
 _Tensor = torch.Tensor
 _increment_version = torch._C._increment_version  # torch.autograd.graph.increment_version, without its checks
-MISS = object()  # what a graph's fast_call returns for a call it leaves to torch.compile
+MISS = object()  # what a route (or a GraphCapture's fast replayer) returns for a call it leaves to torch.compile
 
 
 @dataclass

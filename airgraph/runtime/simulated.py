@@ -302,7 +302,7 @@ class SimulatedCuda:
     def copy_many(self, dsts: Sequence[torch.Tensor], srcs: Sequence[torch.Tensor]) -> None:
         """One op (``torch._foreach_copy_``, which refuses what CUDA's does: lists of unequal length, an expanded
         destination, a dtype outside FOREACH_COPY_DTYPES) reading every source and writing every destination."""
-        refused = sorted({str(d.dtype) for d in dsts} - {str(t) for t in FOREACH_COPY_DTYPES})
+        refused = sorted(map(str, {d.dtype for d in dsts} - FOREACH_COPY_DTYPES))
         if refused:  # the CPU's foreach copies them one by one; CUDA's kernel has no case for them
             raise NotImplementedError(f'"foreach_tensor_copy" not implemented for {", ".join(refused)} on CUDA')
         stream = self.current_stream()
