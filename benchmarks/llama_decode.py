@@ -16,6 +16,8 @@ enough that the GPU never makes the host wait.
 from __future__ import annotations
 
 import argparse
+import cProfile
+import pstats
 import statistics
 import time
 from typing import Any
@@ -41,9 +43,12 @@ def _step(model: torch.nn.Module, variant: str) -> Any:
 
 def host_cost_us(preset: str, variant: str, bursts: int = 20, calls: int = 20, device: str = "cuda") -> dict[str, Any]:
     """Host time to issue one decode call of ``variant`` without synchronizing (median over bursts short enough
-    that the GPU never makes the host wait), and where it goes: the profiler's self CPU time per call of the ten
-    costliest events (aten ops and CUDA runtime calls such as cudaGraphLaunch or cudaMemcpyAsync; the profiler
-    adds its own cost, so the shares are the point, not the sum)."""
+    that the GPU never makes the host wait; ``us_per_call_short``: bursts of 4 calls, which would be cheaper per
+    call if the device's launch queue made the longer bursts wait), and where it goes: the profiler's self CPU time
+    per call of the ten costliest events (aten ops and CUDA runtime calls such as cudaGraphLaunch or
+    cudaMemcpyAsync), and cProfile's own time per call of the twelve costliest Python functions and C calls
+    (Dynamo, AOTAutograd, airgraph's replay, ``CUDAGraph.replay``). Both profilers add their own cost: the shares
+    are the point, not the sums."""
     model = build_tiny_llama(preset, device=device)
     step = _step(model, variant)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
@@ -52,13 +57,20 @@ def host_cost_us(preset: str, variant: str, bursts: int = 20, calls: int = 20, d
         tokens, pos = decode_inputs(model.config, 1, 8, device=device)
         for _ in range(5):  # warm-up, record, a few replays
             step(tokens, pos)
-        samples = []
+        samples, short = [], []
         for _ in range(bursts):
-            sync()
-            start = time.perf_counter()
-            for _ in range(calls):
-                step(tokens, pos)  # the output dropped at once: a replay then copies nothing
-            samples.append((time.perf_counter() - start) / calls * 1e6)
+            for n, into in ((calls, samples), (4, short)):
+                sync()
+                start = time.perf_counter()
+                for _ in range(n):
+                    step(tokens, pos)  # the output dropped at once: a replay then copies nothing
+                into.append((time.perf_counter() - start) / n * 1e6)
+        sync()
+        python = cProfile.Profile()
+        python.enable()
+        for _ in range(calls):
+            step(tokens, pos)
+        python.disable()
         sync()
         activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
         with torch.profiler.profile(activities=activities) as prof:
@@ -71,7 +83,24 @@ def host_cost_us(preset: str, variant: str, bursts: int = 20, calls: int = 20, d
         for e in events[:10]
         if e.self_cpu_time_total and "Synchronize" not in e.key
     }
-    return {"us_per_call": statistics.median(samples), "profile_self_cpu_us_per_call": profile}
+    return {
+        "us_per_call": statistics.median(samples),
+        "us_per_call_short": statistics.median(short),
+        "profile_self_cpu_us_per_call": profile,
+        "python_own_us_per_call": _python_breakdown(python, calls),
+    }
+
+
+def _python_breakdown(profile: cProfile.Profile, calls: int, top: int = 12) -> dict[str, float]:
+    """cProfile's own time (tottime) per call of the ``top`` costliest functions, as "file:line(name)" with the
+    file shortened to what follows site-packages/ or the repository."""
+    stats = pstats.Stats(profile).stats  # type: ignore[attr-defined]  # (file, line, name) -> (cc, nc, tt, ct, callers)
+    rows = sorted(stats.items(), key=lambda item: item[1][2], reverse=True)[:top]
+    result = {}
+    for (file, line, name), (_, _, own, _, _) in rows:
+        short = file.split("site-packages/")[-1].split("/airgraph/")[-1] if file != "~" else ""
+        result[f"{short}:{line}({name})" if short else name] = round(own / calls * 1e6, 2)
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,7 +133,9 @@ def main(argv: list[str] | None = None) -> int:
         f"per torch.compile reduce-overhead call {result['host_cost_per_torch_compile_call_us']:.1f} us",
     )
     for variant, cost in host.items():
+        print(f"{variant}: {cost['us_per_call_short']:.1f} us per call in bursts of 4")
         print(f"{variant}: self CPU us per call (profiled)", cost["profile_self_cpu_us_per_call"])
+        print(f"{variant}: Python's own us per call (cProfile)", cost["python_own_us_per_call"])
     write_json(result, args.output)
     return 0
 
