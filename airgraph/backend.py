@@ -57,7 +57,7 @@ from airgraph.lowering.partition import partition
 from airgraph.lowering.select import GraphRequest, ImplSource, choose
 from airgraph.passes import CompileContext, run_pipeline
 from airgraph.report.schema import GraphReport, NodeReport, SegmentReport, next_graph_id
-from airgraph.runtime.capture import GraphCapture, MemoryPool, ObservedRun, ShapeKeyObserver, one_shape_key
+from airgraph.runtime.capture import GraphCapture, MemoryPool, ObservedRun, ShapeKeyObserver
 from airgraph.runtime.device import DeviceRuntime, runtime_for
 from airgraph.runtime.executor import build_executor
 from airgraph.runtime.fastpath import Direct, FastPath
@@ -212,8 +212,7 @@ class AirgraphBackend:
         # 7. capture (reduce-overhead), or the shape-key observers of an uncaptured run
         observer = self._observer(report, segments)
         if plan.capture and not self.plan_only:
-            one_key = one_shape_key(example_inputs)
-            run = self._capture(run, gm, device, kind, report, plan, views_of_inputs(graph), split, observer, one_key)
+            run = self._capture(run, gm, device, kind, report, plan, views_of_inputs(graph), split, observer)
         elif not self.plan_only:
             if config.mode == "reduce-overhead":
                 _warn_uncaptured(device)
@@ -258,7 +257,6 @@ class AirgraphBackend:
         input_views: dict[int, int],
         split: HostSplit | None,
         observer: ShapeKeyObserver | None,
-        one_key: bool,
     ) -> GraphCapture:
         placeholders = gm.graph.find_nodes(op="placeholder")
         mutated = mutated_nodes(gm.graph)
@@ -276,7 +274,6 @@ class AirgraphBackend:
             host_split=split,
             observer=observer,
             hand_out=kind == "inference",
-            one_key=one_key,
         )
 
     def _observer(self, report: GraphReport, segments: list[Segment]) -> ShapeKeyObserver | None:

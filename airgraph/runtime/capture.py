@@ -238,19 +238,6 @@ def _nothing(args: list) -> list:
 ShapeKeyObserver = Callable[[tuple, list], None]  # (the new key, the arguments of its first call)
 
 
-def one_shape_key(example_inputs: Sequence[Any]) -> bool:
-    """Whether every call of a graph compiled for ``example_inputs`` has the same input-shape key: every input a
-    tensor of fixed sizes, strides and offset (no symbolic dims, no size or scalar inputs). Dynamo's guards then let
-    no call with another dtype, device, size or stride reach the graph (it compiles another one), so a per-call key
-    would only repeat the first."""
-    for value in example_inputs:
-        if not isinstance(value, torch.Tensor):
-            return False
-        if not all(type(n) is int for n in (*value.shape, *value.stride(), value.storage_offset())):
-            return False
-    return True
-
-
 def input_key(args: list, positions: Sequence[int]) -> tuple:
     """The input-shape key: dtype, sizes, strides and device of every tensor input at ``positions`` (the
     non-static ones), the value of every other input there."""
@@ -310,15 +297,13 @@ class GraphCapture:
         host_split: HostSplit | None = None,
         observer: ShapeKeyObserver | None = None,
         hand_out: bool = True,
-        one_key: bool = False,
     ) -> None:
         """``input_views``: graph output position -> input position for outputs that are views of inputs (of the
         graph ``run`` executes: with ``host_split``, its device part's). ``host_split``: ``run`` is this HostSplit,
         whose host work runs around the replay. ``observer(key, args)`` is told of each new shape key, once, with
         the first call's arguments (before they are used: static kernels record shapes there). ``hand_out``: outputs
         may go to the caller without a copy (inference graphs; a training step's outputs are saved for its backward,
-        which holds them in ways that cannot be moved, so they are copied out). ``one_key``: every call has the same
-        input-shape key (:func:`one_shape_key`), so it is read once, not per call."""
+        which holds them in ways that cannot be moved, so they are copied out)."""
         # AOTAutograd passes the inputs as one list. An instance attribute: AOTAutograd wraps the backward's
         # callable (torch._dynamo.disable, functools.wraps), which copies the instance's __dict__ only.
         self._boxed_call = True
@@ -337,8 +322,6 @@ class GraphCapture:
         self._report = report
         self._input_views = input_views or {}
         self._keys: dict[tuple, _Key] = {}
-        self._one_key = one_key
-        self._only: _Key | None = None  # with one_key, the key's entry once made
         self._dynamic: list[int] | None = None
         self._limit_warned = False
         self._runtime = pool.runtime
@@ -373,16 +356,12 @@ class GraphCapture:
     def __call__(self, args: list) -> Any:
         if self._uncapturable:
             return self._run(args)
-        entry = self._only
+        key = self._key(args)
+        entry = self._keys.get(key)
         if entry is None:
-            key = self._key(args)
-            entry = self._keys.get(key)
-            if entry is None:
-                entry = self._keys[key] = self._new_key()
-                if self._observer is not None:
-                    self._observer(key, args)
-            if self._one_key:
-                self._only = entry
+            entry = self._keys[key] = self._new_key()
+            if self._observer is not None:
+                self._observer(key, args)
         if entry.state is CaptureState.CAPTURED:
             if self._static_moved(args, entry):
                 self._moved |= {i for i in entry.static_checked if i not in self._static_set and _moved(args, entry, i)}

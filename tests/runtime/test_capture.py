@@ -15,7 +15,6 @@ from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 from airgraph.lowering.capture_plan import find_uncapturable
 from airgraph.models import build_tiny_llama, decode_inputs, prefill_inputs
-from airgraph.runtime import capture as capture_module
 from airgraph.runtime.capture import CaptureState
 from airgraph.runtime.simulated import SimGraph, SimulatedCuda
 from tests.helpers import assert_close, compile_with, top_level_ops
@@ -129,40 +128,6 @@ def test_one_graph_per_shape_key_and_kept_outputs_stay_correct(target):
         assert_close(got, want)
     (report,) = backend.reports
     assert report.capture_keys == 3  # one CUDA graph per shape key (2, 3, 5), shared pool
-
-
-def test_a_static_shape_graph_reads_its_key_once_a_dynamic_one_every_call(target, captures, monkeypatch):
-    """Dynamo's guards let only calls of the compiled sizes and strides reach a static-shape graph: its key is read
-    on the first call only (a per-call key cost 1.5 us of the replay on the CPU proxy); a dynamic graph's every
-    call, one recording per shape."""
-    read = []
-    original = capture_module.input_key
-
-    def counted(args, positions):
-        read.append(1)
-        return original(args, positions)
-
-    monkeypatch.setattr(capture_module, "input_key", counted)
-    model = mlp(target.device)
-    compiled, _ = target.compile(model, mode="reduce-overhead", kernel_backend="aten")
-    with torch.no_grad():
-        for _ in range(5):
-            x = torch.randn(4, 16, device=target.device)
-            assert_close(compiled(x), model(x))
-    (static,) = captures
-    assert len(read) == 1
-    (entry,) = static._keys.values()
-    assert entry.state is CaptureState.CAPTURED and entry.replays == 4  # the first call warmed up and recorded
-
-    read.clear()
-    torch._dynamo.reset()
-    compiled, backend = target.compile(model, mode="reduce-overhead", kernel_backend="aten", dynamic=True)
-    with torch.no_grad():
-        for n in (2, 3, 2, 3, 2):
-            x = torch.randn(n, 16, device=target.device)
-            assert_close(compiled(x), model(x))
-    assert len(read) == 5
-    assert backend.reports[0].capture_keys == 2
 
 
 def test_capture_limit_runs_new_keys_uncaptured_with_one_warning(caplog, target):
