@@ -130,6 +130,47 @@ def test_one_graph_per_shape_key_and_kept_outputs_stay_correct(target):
     assert report.capture_keys == 3  # one CUDA graph per shape key (2, 3, 5), shared pool
 
 
+def _add_to_first(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    a.add_(1)
+    return b * 2
+
+
+def test_inputs_viewing_a_bigger_storage_than_recorded_are_recorded_again(target):
+    """Two inputs viewing one storage, one of them written: AOTAutograd hands the graph their storage as one
+    synthetic base, whose size no Dynamo guard checks (the views' are the same). The key of each call tells the
+    storages apart: a second recording, not a copy of 32 elements into the 16 of the first one's buffer."""
+    compiled, backend = target.compile(_add_to_first, mode="reduce-overhead", kernel_backend="aten")
+    with torch.no_grad():
+        for n in (16, 16, 16, 32, 32, 16):
+            base = torch.arange(n, dtype=torch.float32, device=target.device)
+            expected = base.clone()
+            want = _add_to_first(expected[0:4], expected[2:6])
+            got = compiled(base[0:4], base[2:6])
+            assert_close(got, want)
+            assert_close(base, expected)  # the write reached the caller's storage, all of it as eager's
+    assert [r.capture_keys for r in backend.reports if r.captured] == [2]
+
+
+def _scaled(d: dict) -> torch.Tensor:
+    return d["x"] * d["m"]
+
+
+def test_a_dict_argument_tensor_given_another_layout_in_place_is_not_replayed_on_the_old_one(target):
+    """torch 2.11 skips the tensor guards of tensors in a dict that did not change (its
+    skip_tensor_guards_with_matching_dict_tags): an expanded mask set_ to a dense one reaches the same graph, whose
+    key must see the new strides (its buffer holds one row of the old mask). Later torch recompiles."""
+    compiled, backend = target.compile(_scaled, mode="reduce-overhead", kernel_backend="aten")
+    torch.manual_seed(0)
+    d = {"x": torch.randn(4, 8, device=target.device), "m": torch.randn(1, 8, device=target.device).expand(4, 8)}
+    with torch.no_grad():
+        for _ in range(3):
+            assert_close(compiled(d), _scaled(d))
+        d["m"].set_(torch.randn(4, 8, device=target.device))  # the same tensor object, now dense
+        for _ in range(3):
+            assert_close(compiled(d), _scaled(d))
+    assert sum(r.capture_keys for r in backend.reports) == 2
+
+
 def test_capture_limit_runs_new_keys_uncaptured_with_one_warning(caplog, target):
     model = mlp(target.device)
     compiled, backend = target.compile(
