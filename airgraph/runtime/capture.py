@@ -215,11 +215,11 @@ class MemoryPool:
         """Before a replay: every output handed without a copy is free to overwrite (dropped, or moved to a copy
         of its own). False while one is held by something that cannot be moved (a view of it): the replay must
         not run; from then on replays copy their outputs (``copy_outputs``)."""
-        handed = self.handed
-        if len(handed) == 1 and handed[0].settle():  # a replay's outputs in one storage: a decode step's logits
+        handed, reading = self.handed, self.runtime.reading
+        if len(handed) == 1 and handed[0].settle(reading):  # a replay's outputs in one storage: a decode step's logits
             self.handed = []
             return True
-        held = [h for h in handed if not h.settle()]
+        held = [h for h in handed if not h.settle(reading)]
         self.handed = held
         if held:
             self.copy_outputs = True
@@ -571,12 +571,12 @@ class GraphCapture:
 
     def _replay(self, entry: _Key, args: list) -> list[Any]:
         pool = self._pool
+        stream_id = self._stream_id()
+        if pool.last_stream_id.get(self.device) != stream_id:  # before settling: its copy reads the last replay's
+            self._follow(stream_id)
         if pool.handed and not pool.settle():
             return self._held(args)
         static_args, runtime = entry.static_args, self._runtime
-        stream_id = self._stream_id()
-        if pool.last_stream_id.get(self.device) != stream_id:
-            self._follow(stream_id)
         split, values = self._split, None
         if split is not None:  # the host prologue, then its values into the graph's buffers
             values = [*args, *entry.statics, *split.run_per_call(args, entry.statics)]

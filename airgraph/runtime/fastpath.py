@@ -43,10 +43,12 @@ at no extra cost):
 
 **What it does not check** (why it is opt-in): Python state the forward reads besides its arguments, parameters
 and buffers (a flag on the module, a global, a tensor attribute that is not a buffer is refused, but an int
-attribute is a constant of the graph; the ``training`` flag of a submodule switched alone), and a parameter object
+attribute is a constant of the graph; the ``training`` flag of a submodule switched alone), a parameter object
 put into a module's ``_parameters`` by hand (or by ``model.to`` with that future flag switched on and off again
-between two calls of the fast path). Dynamo guards on those; the fast path does not. Call :meth:`FastPath.reset`
-after changing such state, or leave the fast path off.
+between two calls of the fast path), and a parameter or buffer given another layout in place at its address
+(``t_()``, ``as_strided_()``, ``p.data = p.data.t()``: the address check passes, the replay reads the old
+layout). Dynamo guards on those; the fast path does not. Call :meth:`FastPath.reset` after changing such state,
+or leave the fast path off.
 """
 
 from __future__ import annotations

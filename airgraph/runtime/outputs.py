@@ -140,10 +140,11 @@ class Handed:
         self.storage, self.held_at_recording = storage, held_at_recording
         self.handed: list[weakref.ref] = []
 
-    def settle(self) -> bool:
+    def settle(self, reading: Callable[[list], None]) -> bool:
         """Make the memory free to overwrite: nothing holds it (done), or only the handed tensors do (each is moved
-        to a copy of the storage, offsets kept: one copy for all of them). False: something else holds it (a view
-        of a handed tensor, autograd): it cannot be moved, and the memory must not be overwritten."""
+        to a copy of the storage, offsets kept: one copy for all of them, on the current stream, told to
+        ``reading`` first: the runtime's). False: something else holds it (a view of a handed tensor, autograd): it
+        cannot be moved, and the memory must not be overwritten."""
         # 0 once the storage is gone (the graph was dropped and nobody held it): the weak reference keeps the
         # StorageImpl's object, as CUDAGraph Trees rely on.
         held = _use_count(self.storage.cdata) - self.held_at_recording
@@ -153,6 +154,7 @@ class Handed:
         alive = [t for ref in self.handed if (t := ref()) is not None]
         if held != len(alive):
             return False
+        reading(alive)
         copy = alive[0].untyped_storage().clone()
         # Same values elsewhere: not a write, so autograd (which may have saved the tensor) must not see one.
         with torch.autograd._unsafe_preserve_version_counter(tuple(alive)):

@@ -137,6 +137,7 @@ class SimGraph:
     fn: Callable[[list], Any] | None = None
     args: list = field(default_factory=list)  # weak references to the tensor arguments, other arguments as they are
     addresses: list = field(default_factory=list)  # each tensor argument's data_ptr at the recording
+    layouts: list = field(default_factory=list)  # and its (sizes, strides, dtype)
     outputs: Any = ()
     stream: Any = None
     ended: bool = False
@@ -200,6 +201,8 @@ class SimGraph:
         replays it keeps the memory alive, or passes the tensors that own it now to :meth:`replay`)."""
         self.args = [weakref.ref(a) if isinstance(a, torch.Tensor) else a for a in args]
         self.addresses = [a.data_ptr() if isinstance(a, torch.Tensor) else None for a in args]
+        # and how its kernels read them: sizes, strides and dtype are baked into the recorded launches
+        self.layouts = [_layout(a) if isinstance(a, torch.Tensor) else None for a in args]
 
     # -- replay ------------------------------------------------------------------------------------------
     def replay(self, args: list | None = None) -> None:
@@ -226,6 +229,17 @@ class SimGraph:
                 f"a replay's kernels access arguments {moved} at their recorded addresses, where the tensors given "
                 "are not: they read and write other memory"
             )
+        relaid = [
+            i
+            for i, (a, layout) in enumerate(zip(args, self.layouts, strict=True))
+            if layout is not None and i not in moved and _layout(a) != layout
+        ]
+        if relaid:
+            rt.problems.append(
+                f"a replay's kernels read arguments {relaid} with the sizes, strides and dtype they had at the "
+                "recording, which the tensors there no longer have (changed in place: t_, as_strided_, set_, "
+                ".data =): they read that memory as the old layout"
+            )
         if any(w.freed and w.pool is None for w in self.workspaces):
             rt.problems.append(
                 "a replay's GEMMs write the cuBLAS workspace their recording found, which has been freed to the "
@@ -242,6 +256,10 @@ class SimGraph:
             if isinstance(kept, torch.Tensor) and kept is not new:
                 with torch.no_grad():
                     rt.copy_(kept, new)  # the recorded kernels write the recorded outputs
+
+
+def _layout(t: torch.Tensor) -> tuple:
+    return tuple(t.shape), t.stride(), t.dtype
 
 
 def _destroyed(runtime: Any, pool: Any, stream: Any) -> None:

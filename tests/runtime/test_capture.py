@@ -266,6 +266,26 @@ def test_caller_stream_is_honoured(target, monkeypatch):
     assert replayed_on[-2:] == [target.current_stream(), side]  # the replay ran on the caller's current stream
 
 
+def test_an_output_kept_while_the_next_call_runs_on_another_stream_is_moved_after_its_replay(target):
+    """The next replay would overwrite a kept output, so the output is moved to a copy first; on the new caller's
+    stream, which must wait for the last replay (on the old one) before that copy reads the output's memory."""
+    model = mlp(target.device)
+    compiled, _ = target.compile(model, mode="reduce-overhead", kernel_backend="aten")
+    x, y = torch.randn(4, 16, device=target.device), torch.randn(4, 16, device=target.device)
+    side = target.new_stream()
+    with torch.no_grad():
+        for _ in range(3):
+            compiled(x)
+        kept = compiled(x)  # a replay's output, handed out without a copy
+        at = kept.data_ptr()
+        with target.use(side):  # y was made before: nothing for side to wait for, as eager would see it
+            out = compiled(y)
+        target.current_stream().wait_stream(side)
+    assert kept.data_ptr() != at  # moved to a copy of its own before the replay on side overwrote the memory
+    assert_close(kept, model(x))
+    assert_close(out, model(y))
+
+
 def test_a_replay_copies_its_inputs_in_one_op_per_dtype(target):
     """Inputs go into their static buffers as CUDAGraph Trees copy theirs: one ``_foreach_copy_`` (one launch on a
     GPU) per dtype, not one copy per input; the host time of a decode step is mostly such launches."""

@@ -592,6 +592,21 @@ def test_a_simulated_replay_needs_its_arguments_alive_or_given():
         graph.replay()
 
 
+def test_a_simulated_replay_flags_an_argument_given_another_layout_in_place():
+    """A CUDA graph's kernels read an argument with the sizes, strides and dtype of the recording: a tensor changed
+    in place at the same address (``t_``) is read as the old layout, which the simulator reports."""
+    sim = SimulatedCuda()
+    w = torch.arange(16.0).reshape(4, 4)
+    graph, _ = sim.capture(lambda a: [a[0] @ a[0]], [w], pool=sim.pool_handle(), stream=sim.new_stream(), device=None)
+    graph.replay([w])
+    sim.check()  # the same layout: nothing to report
+    with torch.no_grad():
+        w.t_()  # the same memory, transposed
+    graph.replay([w])
+    with pytest.raises(StreamRaceError, match=r"arguments \[0\] with the sizes, strides and dtype"):
+        sim.check()
+
+
 def shifted_rows(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     """Rows ``idx - 8`` of ``x``: in range for the indices the tests pass (8 and up), out of range for zeros."""
     return torch.index_select(x, 0, idx - 8) * 2
