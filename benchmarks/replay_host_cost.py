@@ -102,22 +102,24 @@ def _capture_and_key(fast: Any, tokens: torch.Tensor, pos: torch.Tensor) -> tupl
     return route.replayer.__self__, route.run.key, args
 
 
-def _address_check_us(fast: Any, tokens: torch.Tensor, pos: torch.Tensor, calls: int) -> float:
-    capture, entry, args = _capture_and_key(fast, tokens, pos)
+def _loop_us(fn: Any, calls: int) -> float:
+    """Microseconds per call of ``fn()`` over ``calls`` calls."""
     start = time.perf_counter()
     for _ in range(calls):
-        capture._static_moved(args, entry)
+        fn()
     return (time.perf_counter() - start) / calls * 1e6
+
+
+def _address_check_us(fast: Any, tokens: torch.Tensor, pos: torch.Tensor, calls: int) -> float:
+    capture, entry, args = _capture_and_key(fast, tokens, pos)
+    return _loop_us(lambda: capture._static_moved(args, entry), calls)
 
 
 def _capture_alone_us(fast: Any, tokens: torch.Tensor, pos: torch.Tensor, calls: int) -> float:
     """One call of the GraphCapture itself (key, address check, replay), as AOTAutograd makes it: what airgraph
     adds to a call through torch.compile, without the noise of a difference of two whole calls."""
     capture, _, args = _capture_and_key(fast, tokens, pos)
-    start = time.perf_counter()
-    for _ in range(calls):
-        capture(list(args))
-    return (time.perf_counter() - start) / calls * 1e6
+    return _loop_us(lambda: capture(list(args)), calls)
 
 
 def _static_count(fast: Any) -> int:

@@ -216,10 +216,13 @@ class MemoryPool:
         of its own). False while one is held by something that cannot be moved (a view of it): the replay must
         not run; from then on replays copy their outputs (``copy_outputs``)."""
         handed, reading = self.handed, self.runtime.reading
-        if len(handed) == 1 and handed[0].settle(reading):  # a replay's outputs in one storage: a decode step's logits
-            self.handed = []
-            return True
-        held = [h for h in handed if not h.settle(reading)]
+        if len(handed) == 1:  # a replay's outputs in one storage (a decode step's logits): no list to build
+            if handed[0].settle(reading):
+                self.handed = []
+                return True
+            held = handed
+        else:
+            held = [h for h in handed if not h.settle(reading)]
         self.handed = held
         if held:
             self.copy_outputs = True
