@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+from replay_host_cost import capture_and_key
 
 import airgraph
 from airgraph.bench.decode import print_results, run_bench
@@ -122,6 +123,51 @@ def _host_cost_us(preset: str, variant: str, bursts: int, calls: int, device: st
     }
 
 
+def launch_floor_us(preset: str, bursts: int = 20, calls: int = 20, device: str = "cuda") -> dict[str, float]:
+    """What one fast-path step costs the host against what torch costs to launch its work at all (median us per
+    call over interleaved bursts): the same recorded graph's ``CUDAGraph.replay()`` alone, its replay's input copies
+    alone (one ``torch._foreach_copy_`` per dtype, as airgraph makes them), and both; the fast-path call minus the
+    last is what airgraph's Python adds."""
+    model = build_tiny_llama(preset, device=device)
+    step = _step(model, "airgraph fast-path")
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    with torch.no_grad():
+        model(*prefill_inputs(model.config, 1, 8, device=device))
+        tokens, pos = decode_inputs(model.config, 1, 8, device=device)
+        for _ in range(5):  # warm-up, record, a few replays
+            step(tokens, pos)
+        _, entry, args = capture_and_key(step, tokens, pos)
+        copies = [(buffers, list(inputs(args))) for buffers, inputs in entry.batches]
+        graph = entry.graph
+
+        def copy() -> None:
+            for buffers, inputs in copies:
+                torch._foreach_copy_(buffers, inputs)
+
+        def copy_and_replay() -> None:
+            copy()
+            graph.replay()
+
+        fns = {
+            "fast-path call": lambda: step(tokens, pos),
+            "graph replay": graph.replay,
+            "input copies": copy,
+            "input copies + graph replay": copy_and_replay,
+        }
+        samples: dict[str, list[float]] = {name: [] for name in fns}
+        for _ in range(bursts):
+            for name, fn in fns.items():
+                sync()
+                start = time.perf_counter()
+                for _ in range(calls):
+                    fn()
+                samples[name].append((time.perf_counter() - start) / calls * 1e6)
+        sync()
+    floor = {name: round(statistics.median(values), 2) for name, values in samples.items()}
+    floor["airgraph above the floor"] = round(floor["fast-path call"] - floor["input copies + graph replay"], 2)
+    return floor
+
+
 def _python_breakdown(profile: cProfile.Profile, calls: int, top: int = 12) -> dict[str, float]:
     """cProfile's own time (tottime) per call of the ``top`` costliest functions, as "file:line(name)" with the
     file shortened to what follows site-packages/ or the repository."""
@@ -177,6 +223,12 @@ def main(argv: list[str] | None = None) -> int:
         result["host_cost"] = host
         write_json(result, args.output)
     result["host_cost"] = host
+    try:
+        result["launch_floor_us"] = launch_floor_us(args.preset)
+        print("launch floor, us per call:", result["launch_floor_us"])
+    except Exception as error:
+        result["launch_floor_us"] = {"error": f"{type(error).__name__}: {error}"}
+        print(f"launch floor failed: {result['launch_floor_us']['error']}")
     write_json(result, args.output)
     return 0
 

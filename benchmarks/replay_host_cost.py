@@ -94,7 +94,9 @@ def _per_call_us(fns: dict[str, Any], args: tuple, calls: int, rounds: int) -> d
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
-def _capture_and_key(fast: Any, tokens: torch.Tensor, pos: torch.Tensor) -> tuple[Any, Any, list]:
+def capture_and_key(fast: Any, tokens: torch.Tensor, pos: torch.Tensor) -> tuple[Any, Any, list]:
+    """The GraphCapture behind the fast path ``fast``'s one route, its recorded key, and the graph's arguments for
+    a call with ``tokens`` and ``pos``."""
     (route,) = fast._routes.values()
     args = route.template.copy()
     for position, index in route.slots:
@@ -111,14 +113,14 @@ def _loop_us(fn: Any, calls: int) -> float:
 
 
 def _address_check_us(fast: Any, tokens: torch.Tensor, pos: torch.Tensor, calls: int) -> float:
-    capture, entry, args = _capture_and_key(fast, tokens, pos)
+    capture, entry, args = capture_and_key(fast, tokens, pos)
     return _loop_us(lambda: capture._static_moved(args, entry), calls)
 
 
 def _capture_alone_us(fast: Any, tokens: torch.Tensor, pos: torch.Tensor, calls: int) -> float:
     """One call of the GraphCapture itself (key, address check, replay), as AOTAutograd makes it: what airgraph
     adds to a call through torch.compile, without the noise of a difference of two whole calls."""
-    capture, _, args = _capture_and_key(fast, tokens, pos)
+    capture, _, args = capture_and_key(fast, tokens, pos)
     return _loop_us(lambda: capture(list(args)), calls)
 
 
