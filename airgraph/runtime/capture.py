@@ -110,6 +110,7 @@ from airgraph.runtime.outputs import (
     Handed,
     copy_out,
     expanded_dims,
+    hand,
     hand_out,
     handed_records,
     memory_copier,
@@ -168,6 +169,9 @@ class _Key:
     handed_storages: list[Handed] = field(default_factory=list)  # the records of the pool-memory storages
     owned: list[torch.Tensor] = field(default_factory=list)  # the buffers GraphCapture allocated for the graph
     replays: int = 0
+    # (output, its Handed record) per output where every output is handed out on the graph's memory, the inputs
+    # are copied in batches only, none back, and there is no host work (a decode step); None elsewhere
+    lean: list[tuple[Any, Handed]] | None = None
 
 
 class MemoryPool:
@@ -215,14 +219,12 @@ class MemoryPool:
         """Before a replay: every output handed without a copy is free to overwrite (dropped, or moved to a copy
         of its own). False while one is held by something that cannot be moved (a view of it): the replay must
         not run; from then on replays copy their outputs (``copy_outputs``)."""
-        handed, reading = self.handed, self.runtime.reading
-        if len(handed) == 1:  # a replay's outputs in one storage (a decode step's logits): no list to build
-            if handed[0].settle(reading):
-                self.handed = []
-                return True
-            held = handed
-        else:
-            held = [h for h in handed if not h.settle(reading)]
+        handed = self.handed
+        if len(handed) == 1 and handed[0].dropped():  # a replay's outputs in one storage (a decode step's logits)
+            self.handed = []
+            return True
+        reading = self.runtime.reading
+        held = [h for h in handed if not h.settle(reading)]
         self.handed = held
         if held:
             self.copy_outputs = True
@@ -452,7 +454,7 @@ class GraphCapture:
         if last is not None:
             for buffer in entry.owned:
                 self._runtime.record_stream(buffer, last)
-        entry.graph, entry.static_args, entry.static_outputs, entry.outputs = None, [], (), []
+        entry.graph, entry.static_args, entry.static_outputs, entry.outputs, entry.lean = None, [], (), [], None
         entry.handed, entry.handed_storages, entry.copies, entry.batches = [], [], [], []
         entry.statics, entry.refill, entry.owned = [], [], []
 
@@ -539,6 +541,8 @@ class GraphCapture:
         entry.outputs = output_plan(static_outputs, static_args, len(args), entry.copy_indices, self._input_views)
         entry.handed = handed_records(static_outputs, entry.outputs)
         entry.handed_storages = list({id(h): h for h in entry.handed if h is not None}.values())
+        plain = split is None and not entry.copies and not entry.copy_back and None not in entry.handed
+        entry.lean = list(zip(static_outputs, entry.handed, strict=True)) if plain and self._hand_out else None
         # Tensors used in place are the caller's (parameters, a static cache): kept by addresses, not alive (as a
         # CUDA graph keeps them), so a cache freed after its last call leaves its memory to the next one
         entry.static_args = [
@@ -579,7 +583,16 @@ class GraphCapture:
             self._follow(stream_id)
         if pool.handed and not pool.settle():
             return self._held(args)
-        static_args, runtime = entry.static_args, self._runtime
+        runtime = self._runtime
+        if entry.lean is not None and not pool.copy_outputs:  # a decode step's case (_Key.lean), with less to ask
+            for buffers, inputs in entry.batches:
+                runtime.copy_many(buffers, inputs(args))
+            runtime.replay(entry.graph, entry.static_args, args)
+            entry.replays += 1
+            args.clear()
+            pool.handed = entry.handed_storages
+            return [hand(out, record) for out, record in entry.lean]
+        static_args = entry.static_args
         split, values = self._split, None
         if split is not None:  # the host prologue, then its values into the graph's buffers
             values = [*args, *entry.statics, *split.run_per_call(args, entry.statics)]

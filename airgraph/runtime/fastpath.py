@@ -160,7 +160,7 @@ class _Route:
         slots: list[tuple[int, int]],
         statics: list[int],
         bumps: list[int],
-        build: Callable[[list, list], Any],
+        build: Callable[[list, list], Any] | int,
         epoch: int,
         state: GlobalStateGuard,
     ) -> None:
@@ -169,7 +169,9 @@ class _Route:
         # A GraphCapture: its replayer of the recorded key, found on the first call (run: None until then)
         self.replayer = getattr(direct.run, "fast_replayer", None)
         self.run: Callable[[list], Any] | None = None if self.replayer is not None else direct.run
-        self.build, self.epoch, self.state = build, epoch, state
+        # The model's result: the graph's output at ``pick`` (a decode step's logits), or made by ``build``
+        self.pick, self.build = (build, None) if isinstance(build, int) else (None, build)
+        self.epoch, self.state = epoch, state
         self.bumps = bumps  # graph inputs whose version AOTAutograd increments before the graph: so does the route
         static = set(statics)
         self.bumped = tuple(template[i] for i in bumps) if static.issuperset(bumps) else ()  # the same every call
@@ -197,7 +199,8 @@ class _Route:
             return MISS
         if bumped:  # only for a call that ran: a missed one goes through AOTAutograd, which bumps them itself
             _increment_version(bumped)
-        return self.build(outputs, values)
+        pick = self.pick
+        return outputs[pick] if pick is not None else self.build(outputs, values)  # type: ignore[operator]
 
 
 class FastPath:
@@ -320,8 +323,9 @@ def _route(
     return _Route(call.direct, template, slots, static_positions, bumps, build, epoch, state)
 
 
-def _builder(result: Any, outputs: Any, by_id: dict[int, int]) -> Callable[[list, list], Any] | str:
-    """How to make the model's result from the graph's outputs and the call's values, or why it cannot."""
+def _builder(result: Any, outputs: Any, by_id: dict[int, int]) -> Callable[[list, list], Any] | int | str:
+    """How to make the model's result from the graph's outputs and the call's values (the position of the output
+    that is the result, or a callable), or why it cannot."""
     outputs = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
     out_ids = {id(o): j for j, o in enumerate(outputs) if isinstance(o, torch.Tensor)}
     leaves, spec = pytree.tree_flatten(result)
@@ -339,8 +343,7 @@ def _builder(result: Any, outputs: Any, by_id: dict[int, int]) -> Callable[[list
         else:
             return f"the model returned a {type(leaf).__name__}"
     if isinstance(result, torch.Tensor) and plan[0][0] == "out":
-        j = plan[0][1]
-        return lambda outs, values: outs[j]
+        return plan[0][1]
     flat = type(result) in (tuple, list) and len(result) == len(leaves)  # no nesting: each element a leaf
     if flat and all(kind == "out" for kind, _ in plan):
         picks, kind_of = [j for _, j in plan], type(result)

@@ -17,6 +17,7 @@ __all__ = [
     "Handed",
     "copy_out",
     "expanded_dims",
+    "hand",
     "hand_out",
     "handed_records",
     "memory_copier",
@@ -140,17 +141,23 @@ class Handed:
         self.storage, self.held_at_recording = storage, held_at_recording
         self.handed: list[weakref.ref] = []
 
+    def dropped(self) -> bool:
+        """Nothing holds the memory any more (the handed tensors were let go): forget them."""
+        # 0 once the storage is gone (the graph was dropped and nobody held it): the weak reference keeps the
+        # StorageImpl's object, as CUDAGraph Trees rely on.
+        if _use_count(self.storage.cdata) > self.held_at_recording:
+            return False
+        self.handed = []
+        return True
+
     def settle(self, reading: Callable[[list], None]) -> bool:
         """Make the memory free to overwrite: nothing holds it (done), or only the handed tensors do (each is moved
         to a copy of the storage, offsets kept: one copy for all of them, on the current stream, told to
         ``reading`` first: the runtime's). False: something else holds it (a view of a handed tensor, autograd): it
         cannot be moved, and the memory must not be overwritten."""
-        # 0 once the storage is gone (the graph was dropped and nobody held it): the weak reference keeps the
-        # StorageImpl's object, as CUDAGraph Trees rely on.
-        held = _use_count(self.storage.cdata) - self.held_at_recording
-        if held <= 0:
-            self.handed = []
+        if self.dropped():
             return True
+        held = _use_count(self.storage.cdata) - self.held_at_recording
         alive = [t for ref in self.handed if (t := ref()) is not None]
         if held != len(alive):
             return False
@@ -193,15 +200,17 @@ def hand_out(
     """A replay's outputs for the caller without copying pool memory: each such output is a new tensor on the
     graph's own memory (``detach``: same storage, offset, sizes and strides), told to its storage's
     :class:`Handed` record (``records``: :func:`handed_records`), to settle before the next replay."""
-    outputs = []
-    for out, how, record in zip(static_outputs, plan, records, strict=True):
-        if record is None:
-            outputs.append(_not_pool(out, how, static_args, args))
-        else:
-            alias = out.detach()
-            record.handed.append(weakref.ref(alias))
-            outputs.append(alias)
-    return outputs
+    return [
+        _not_pool(out, how, static_args, args) if record is None else hand(out, record)
+        for out, how, record in zip(static_outputs, plan, records, strict=True)
+    ]
+
+
+def hand(out: torch.Tensor, record: Handed) -> torch.Tensor:
+    """``out`` for the caller without a copy: a new tensor on its memory, told to its storage's ``record``."""
+    alias = out.detach()
+    record.handed.append(weakref.ref(alias))
+    return alias
 
 
 def _not_pool(out: Any, how: tuple, static_args: list, args: list) -> Any:

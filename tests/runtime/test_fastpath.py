@@ -353,3 +353,30 @@ def test_a_nested_result_keeps_its_structure():
         (want_a, want_b), want_c = model(x)
     assert fast.fast_calls == calls + 1
     assert_close(a, want_a) and assert_close(b, want_b) and assert_close(c, want_c)
+
+
+def test_an_input_buffer_marked_static_is_read_in_place_without_an_input_copy(monkeypatch):
+    """A decode loop that refills its input buffers in place, marked with torch._dynamo.mark_static_address: the
+    graph reads them where they are (no copy launch per step); another tensor in their place is still right."""
+    model = Step().eval()
+    fast = fast_compile(model)
+    x = torch.randn(4, 16)
+    torch._dynamo.mark_static_address(x)
+    warm(fast, x)
+    launches = []
+    copy_many = SimulatedCuda.copy_many
+    monkeypatch.setattr(SimulatedCuda, "copy_many", lambda self, *a: (launches.append(1), copy_many(self, *a)))
+    calls = fast.fast_calls
+    with torch.no_grad():
+        for i in range(3):
+            x.fill_(float(i))  # the caller refills the buffer between steps
+            assert_close(fast(x), model(x))
+        assert fast.fast_calls == calls + 3 and not launches
+        other = torch.randn(4, 16)  # not the buffer: recorded again on it, never read from the old address
+        for _ in range(2):
+            assert_close(fast(other), model(other))
+    plain = fast_compile(Step().eval())
+    warm(plain, torch.randn(4, 16))
+    with torch.no_grad():
+        plain(torch.randn(4, 16))
+    assert launches  # an input not marked static is copied into its buffer (the counter sees copies)
