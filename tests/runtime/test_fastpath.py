@@ -14,6 +14,15 @@ from airgraph.runtime.simulated import SimulatedCuda
 from tests.helpers import assert_close, make_config, top_level_ops
 
 
+@pytest.fixture(autouse=True, params=["last route by guards", "signatures only"])
+def matching(request, monkeypatch):
+    """Every test twice: with a call matched to the last route by Dynamo's TensorGuards, and where torch has none
+    (every call computes its signature)."""
+    if request.param == "signatures only":
+        monkeypatch.setattr(fastpath, "_TensorGuards", None)
+    return request.param
+
+
 class Step(nn.Module):
     def __init__(self, d: int = 16) -> None:
         super().__init__()
@@ -86,6 +95,42 @@ def test_a_new_shape_or_scalar_takes_another_signature():
     with torch.no_grad():
         assert signature((x,), {}) != plain
     assert signature(([x],), {}) is None  # a structure: no signature, always torch.compile's path
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        lambda x: x[:2],  # another shape
+        lambda x: x.t().contiguous().t(),  # other strides
+        lambda x: x.clone().requires_grad_(),
+        lambda x: x.to(torch.float64),
+    ],
+    ids=["shape", "strides", "requires_grad", "dtype"],
+)
+def test_a_call_unlike_the_last_routed_one_does_not_take_its_route(other, matching):
+    model, x, fast = warmed_step()
+    with torch.no_grad():
+        fast(x)  # routed: the last route
+        calls = fast.fast_calls
+        y = other(torch.randn(4, 16))
+        if y.dtype == torch.float64:
+            model.double()  # (a moved parameter as well: the call goes through torch.compile anyway)
+        assert_close(fast(y), model(y))
+        assert fast.fast_calls == calls
+    assert (fast._last is not None) == (matching == "last route by guards")
+
+
+def test_the_last_route_is_not_taken_in_another_grad_mode_or_training_mode():
+    model, x, fast = warmed_step()
+    with torch.no_grad():
+        fast(x)
+    calls = fast.fast_calls
+    out = fast(x)  # grad enabled
+    assert out.grad_fn is not None and fast.fast_calls == calls
+    model.train()
+    with torch.no_grad():
+        fast(x)
+    assert fast.fast_calls == calls
 
 
 class MakesOnes(Step):
