@@ -425,3 +425,31 @@ def test_an_input_buffer_marked_static_is_read_in_place_without_an_input_copy(mo
     with torch.no_grad():
         plain(torch.randn(4, 16))
     assert launches  # an input not marked static is copied into its buffer (the counter sees copies)
+
+
+def test_a_decode_loop_refilling_static_input_buffers_makes_eager_tokens():
+    """The README's decode loop: token and position buffers marked static, refilled in place after each step (the
+    next token written by argmax(out=), the position incremented), read by the graph where they are."""
+    from airgraph.models import build_tiny_llama, prefill_inputs
+
+    model, reference = build_tiny_llama("tiny", seed=0), build_tiny_llama("tiny", seed=0)
+    prompt, prompt_pos = prefill_inputs(model.config, 1, 8)
+    config = make_config(mode="reduce-overhead", kernel_backend="aten")
+    step = airgraph.compile(model, config, fast_path=True, runtime=SimulatedCuda(), fullgraph=True)
+    with torch.no_grad():
+        first = model(prompt, prompt_pos)[:, -1:].argmax(-1)
+        tokens, pos = first.clone(), torch.tensor([8])
+        for buffer in (tokens, pos):
+            torch._dynamo.mark_static_address(buffer)
+        made = []
+        for _ in range(8):
+            torch.argmax(step(tokens, pos), -1, out=tokens)
+            pos += 1
+            made.append(int(tokens))
+        reference(prompt, prompt_pos)
+        expected, token = [], first
+        for i in range(8):
+            token = reference(token, torch.tensor([8 + i])).argmax(-1)
+            expected.append(int(token))
+    assert made == expected
+    assert step.fast_calls >= 5 and not step._routes[next(iter(step._routes))].run.key.copy_indices
