@@ -169,8 +169,9 @@ class _Key:
     handed_storages: list[Handed] = field(default_factory=list)  # the records of the pool-memory storages
     owned: list[torch.Tensor] = field(default_factory=list)  # the buffers GraphCapture allocated for the graph
     replays: int = 0
-    # (output, its Handed record) per output where every output is handed out on the graph's memory, the inputs
-    # are copied in batches only, none back, and there is no host work (a decode step); None elsewhere
+    # (output, its Handed record) per output where every output is in the graph's memory and the capture hands
+    # outputs out, the inputs are copied in batches only, none back, and there is no host work (a decode step); None
+    # elsewhere. _replay takes that case while the pool hands outputs out (not copy_outputs).
     lean: list[tuple[Any, Handed]] | None = None
 
 

@@ -24,9 +24,11 @@ at no extra cost):
 
 - a new shape, stride, dtype, device or type (a tensor subclass) of any tensor argument, or another value of a
   non-tensor argument (int, float, bool, str, None), or another argument structure: another signature, learned
-  anew. A call of plain tensors only is first matched against the route the last routed call took: the same
-  flags (below) and tensors that pass that route's TensorGuards (Dynamo's C++ check of type, dtype, device, sizes,
-  strides, requires_grad and dispatch keys): the same signature, found without computing it;
+  anew. A call of plain tensors only is first matched against the last guarded route taken: the same flags
+  (below) and tensors that pass that route's TensorGuards (Dynamo's C++ check of type, dtype, device, sizes,
+  strides, requires_grad and dispatch keys, made from the learning call's tensors before it ran): such a call has
+  that route's signature, found without computing it. A learning call that changed its signature (the forward
+  ran ``x.requires_grad_()``, which no version counts) is refused;
 - grad mode or inference mode switched, or the model put in training or eval mode (``model.train()``,
   ``model.eval()``: the model's own ``training`` flag): part of the signature;
 - the rest of the global state Dynamo guards on (autocast, the default dtype, TF32 and reduced-precision matmul
@@ -79,8 +81,9 @@ _overwrites_parameters = torch.__future__.get_overwrite_module_params_on_convers
 _Tensor = torch.Tensor
 _increment_version = torch._C._increment_version  # torch.autograd.graph.increment_version, without its checks
 # Dynamo's check of tensors against the type, dtype, device, sizes, strides, requires_grad and dispatch keys it was
-# made from, in one C++ call (0.14 us for two tensors, the Python signature's part 0.7 us): how a call is matched to
-# the last route it took (FastPath.__call__). None where torch lacks it: then every call computes its signature.
+# made from, in one C++ call (0.14 us for two tensors; the whole signature of such a call costs 1.3 us in Python):
+# how a call is matched to the last guarded route taken (FastPath.__call__). None where torch lacks it: then every
+# call computes its signature.
 _TensorGuards = getattr(torch._C._dynamo.guards, "TensorGuards", None)
 MISS = object()  # what a route (or a GraphCapture's fast replayer) returns for a call it leaves to torch.compile
 
@@ -226,7 +229,7 @@ class FastPath:
         self._routes: dict[tuple, _Route] = {}
         self.refused: dict[tuple, str] = {}
         self._seen: set[tuple] = set()  # signatures called once (the next call learns)
-        self._last: _Route | None = None  # the route the last routed call took, if it has guards
+        self._last: _Route | None = None  # the last route with guards that a call took
         self.fast_calls = 0  # calls that took a route (tests, benchmarks)
 
     def reset(self) -> None:
@@ -245,8 +248,10 @@ class FastPath:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         training = self._module.training if self._module is not None else None
-        last = self._last
-        # The last routed call's signature, without computing this one's: the same flags, tensors passing its guards
+        last, missed = self._last, None
+        # A call that passes the last guarded route's checks has that route's signature (the guards are stricter:
+        # they also compare dispatch keys), found without computing this call's: the same flags, tensors passing
+        # the route's guards
         if (
             last is not None
             and not kwargs
@@ -258,15 +263,17 @@ class FastPath:
             if result is not MISS:
                 self.fast_calls += 1
                 return result
+            missed = last
         signature = _signature(args, kwargs, training)
         route = self._routes.get(signature) if signature is not None else None
         if route is not None:
-            result = route((*args, *kwargs.values()) if kwargs else args)
-            if result is not MISS:
-                self.fast_calls += 1
-                if route.guards is not None:
-                    self._last = route
-                return result
+            if route is not missed:  # (a route that missed would miss again)
+                result = route((*args, *kwargs.values()) if kwargs else args)
+                if result is not MISS:
+                    self.fast_calls += 1
+                    if route.guards is not None:
+                        self._last = route
+                    return result
             if route.epoch != _assignments[0]:
                 self._forget_routes()  # a parameter, buffer or submodule was assigned somewhere: learn again
         if _overwrites_parameters():  # parameters may be replaced unseen: no route now, none kept from before
@@ -286,6 +293,10 @@ class FastPath:
         watched = [v for v in values if isinstance(v, torch.Tensor)] + list(statics.values())
         before = _versions(watched)
         epoch, state = _assignments[0], GlobalStateGuard()
+        guards = None  # made from the tensors as the signature saw them, before the call
+        if _TensorGuards is not None and not kwargs and all(type(a) is torch.Tensor for a in args):
+            sizes, strides = [list(a.shape) for a in args], [list(a.stride()) for a in args]
+            guards = _TensorGuards(*args, dynamic_dims_sizes=sizes, dynamic_dims_strides=strides)
         previous, _learning = _learning, []
         seen = _learning
         try:
@@ -294,15 +305,17 @@ class FastPath:
             _learning = previous
         after = _versions(watched)
         route = _route(seen, values, statics, result, (watched, before, after), epoch, state)
+        training = self._module.training if self._module is not None else None
+        if not isinstance(route, str) and _signature(args, kwargs, training) != signature:
+            # (x.requires_grad_(), a flag switched: no version counts it, and a route would skip it)
+            route = "the call changed an argument's metadata or a flag of its signature (the forward's side effect)"
         if isinstance(route, str):
             self.refused[signature] = route
         elif epoch == _assignments[0]:
             self._routes[signature] = route
             self._last = None  # it may be the route this one replaces: the last route is one of the routes
-            if _TensorGuards is not None and not kwargs and all(type(a) is torch.Tensor for a in args):
-                sizes, strides = [list(a.shape) for a in args], [list(a.stride()) for a in args]
-                route.flags, route.arity = signature[:4], len(args)
-                route.guards = _TensorGuards(*args, dynamic_dims_sizes=sizes, dynamic_dims_strides=strides)
+            if guards is not None:
+                route.flags, route.arity, route.guards = signature[:4], len(args), guards
         return result
 
     def _statics(self) -> dict[int, torch.Tensor]:
