@@ -92,15 +92,22 @@ def host_cost_us(preset: str, variant: str, bursts: int = 20, calls: int = 20, d
         return _host_cost_us(preset, variant, bursts, calls, device)
 
 
-def _host_cost_us(preset: str, variant: str, bursts: int, calls: int, device: str) -> dict[str, Any]:
+def _warmed(preset: str, variant: str, device: str) -> tuple[Any, torch.Tensor, torch.Tensor, Any]:
+    """The decode step of ``variant`` on a prefilled model, warmed up, recorded and replayed a few times; its
+    tokens and position; the device's synchronize."""
     model = build_tiny_llama(preset, device=device)
     step = _step(model, variant)
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     with torch.no_grad():
         model(*prefill_inputs(model.config, 1, 8, device=device))
         tokens, pos = _inputs(model, variant, device)
-        for _ in range(5):  # warm-up, record, a few replays
+        for _ in range(5):
             step(tokens, pos)
+    return step, tokens, pos, torch.cuda.synchronize if device == "cuda" else (lambda: None)
+
+
+def _host_cost_us(preset: str, variant: str, bursts: int, calls: int, device: str) -> dict[str, Any]:
+    step, tokens, pos, sync = _warmed(preset, variant, device)
+    with torch.no_grad():
         if variant == STATIC_INPUTS and capture_and_key(step, tokens, pos)[1].copy_indices:
             raise RuntimeError("the inputs marked static are copied into buffers: the variant measures nothing new")
         samples, short = [], []
@@ -142,14 +149,8 @@ def launch_floor_us(preset: str, bursts: int = 20, calls: int = 20, device: str 
     call over interleaved bursts): the same recorded graph's ``CUDAGraph.replay()`` alone, its replay's input copies
     alone (one ``torch._foreach_copy_`` per dtype, as airgraph makes them), and both; the fast-path call minus the
     last is what airgraph's Python adds."""
-    model = build_tiny_llama(preset, device=device)
-    step = _step(model, "airgraph fast-path")
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    step, tokens, pos, sync = _warmed(preset, "airgraph fast-path", device)
     with torch.no_grad():
-        model(*prefill_inputs(model.config, 1, 8, device=device))
-        tokens, pos = decode_inputs(model.config, 1, 8, device=device)
-        for _ in range(5):  # warm-up, record, a few replays
-            step(tokens, pos)
         _, entry, args = capture_and_key(step, tokens, pos)
         copies = [(buffers, list(inputs(args))) for buffers, inputs in entry.batches]
         graph = entry.graph
