@@ -97,6 +97,11 @@ def test_a_new_shape_or_scalar_takes_another_signature():
     assert signature(([x],), {}) is None  # a structure: no signature, always torch.compile's path
 
 
+class Twice(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+
 @pytest.mark.parametrize(
     "other",
     [
@@ -120,11 +125,6 @@ def test_a_call_unlike_the_last_routed_one_does_not_take_its_route(other, matchi
         assert_close(out, model(y))
         assert fast.fast_calls == calls
     assert (fast._last is not None) == (matching == "last route by guards")
-
-
-class Twice(nn.Module):
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * 2
 
 
 def test_the_last_route_is_not_taken_in_another_grad_mode_or_training_mode():
@@ -461,7 +461,7 @@ def test_a_decode_loop_refilling_static_input_buffers_makes_eager_tokens():
             token = reference(token, torch.tensor([8 + i])).argmax(-1)
             expected.append(int(token))
     assert made == expected
-    assert step.fast_calls >= 5 and not step._routes[next(iter(step._routes))].run.key.copy_indices
+    assert step.fast_calls >= 5 and not next(iter(step._routes.values())).run.key.copy_indices
 
 
 class Scaled(Step):
