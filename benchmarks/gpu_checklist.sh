@@ -59,7 +59,7 @@ if [[ "$what" != bench ]]; then
 fi
 if [[ "$what" != tests ]]; then
     for preset in tiny small; do
-        step "llama_decode-$preset" 120 $py benchmarks/llama_decode.py --preset $preset \
+        step "llama_decode-$preset" 170 $py benchmarks/llama_decode.py --preset $preset \
             --output benchmarks/results/llama_decode_${preset}_cuda.json
     done
     if [[ "$what" != quick ]]; then

@@ -10,7 +10,9 @@ and small presets; host time to issue one step <= 20 us.
 The latency table comes from airgraph.bench.decode.run_bench (all modes side by side in one process). The host
 cost is the wall time of issuing one airgraph reduce-overhead decode call without synchronizing (Dynamo
 guards, AOTAutograd's wrapper, input copies, the replay launch and the output copy), over a burst short
-enough that the GPU never makes the host wait.
+enough that the GPU never makes the host wait. Then what torch costs to launch the same step at all
+(``launch_floor_us``), and what other ways to put the inputs into the graph's buffers would cost
+(``input_copy_mechanisms``: the input-copy launch is most of that floor).
 """
 
 from __future__ import annotations
@@ -183,6 +185,137 @@ def launch_floor_us(preset: str, bursts: int = 20, calls: int = 20, device: str 
     return floor
 
 
+def input_copy_mechanisms(preset: str, bursts: int = 20, calls: int = 20, device: str = "cuda") -> dict[str, Any]:
+    """Ways to put a step's inputs into its recorded graph's buffers: what each costs the host (median us per call
+    over interleaved bursts, the step's ``CUDAGraph.replay()`` after each) and whether it copied the right values.
+    Each call's sources alternate between two sets of tensors, as a decode loop's new input tensors do.
+
+    - ``foreach``: one ``torch._foreach_copy_`` per dtype (airgraph's way);
+    - ``cudaMemcpyAsync``: one ``cudaMemcpyAsync`` per input through ``cuda.bindings`` (a dependency of torch's Linux
+      CUDA wheels), past ATen's dispatcher;
+    - ``memcpy-node updates``: the copies recorded as memcpy nodes whose sources each call changes with
+      ``cudaGraphExecMemcpyNodeSetParams1D``. Here the nodes are a graph of their own (``+ copy graph``: replayed
+      before the step's); recorded as the step graph's first nodes, the updates alone would remain.
+
+    ``in_flight_ok``: an update did not reach launches already queued (CUDA says updates reach later launches
+    only): six launches of a graph (a sleep kernel, the memcpy node, ``acc += buffer``) queued behind each other,
+    each after an update to the other source, then ``acc`` compared with the sum of the sources."""
+    from cuda.bindings import runtime as cudart
+
+    d2d, success = cudart.cudaMemcpyKind.cudaMemcpyDeviceToDevice, cudart.cudaError_t.cudaSuccess
+
+    def ok(result: tuple) -> Any:
+        if result[0] != success:
+            raise RuntimeError(f"CUDA runtime call failed: {result[0]}")
+        return result[1] if len(result) == 2 else result[1:]
+
+    def record_copies(dsts: list[torch.Tensor], srcs: list[torch.Tensor], around: Any = None) -> tuple[Any, Any, list]:
+        """A graph of memcpy nodes (srcs into dsts, between ``around``'s two callables where given), instantiated:
+        (the graph, its cudaGraphExec_t, the memcpy nodes in the order of dsts)."""
+        graph = torch.cuda.CUDAGraph(keep_graph=True)
+        with torch.cuda.graph(graph):
+            if around is not None:
+                around[0]()
+            stream = cudart.cudaStream_t(init_value=torch.cuda.current_stream().cuda_stream)
+            for dst, src in zip(dsts, srcs, strict=True):
+                ok(cudart.cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), dst.nbytes, d2d, stream))
+            if around is not None:
+                around[1]()
+        graph.instantiate()
+        raw = cudart.cudaGraph_t(init_value=graph.raw_cuda_graph())
+        count = ok(cudart.cudaGraphGetNodes(raw, 0))[1]
+        by_dst = {}
+        for node in ok(cudart.cudaGraphGetNodes(raw, count))[0]:
+            if ok(cudart.cudaGraphNodeGetType(node)) == cudart.cudaGraphNodeType.cudaGraphNodeTypeMemcpy:
+                by_dst[int(ok(cudart.cudaGraphMemcpyNodeGetParams(node)).dstPtr.ptr)] = node
+        nodes = [by_dst[dst.data_ptr()] for dst in dsts]
+        return graph, cudart.cudaGraphExec_t(init_value=graph.raw_cuda_graph_exec()), nodes
+
+    step, tokens, pos, sync = _warmed(preset, "airgraph fast-path", device)
+    result: dict[str, Any] = {}
+    with torch.no_grad():
+        _, entry, args = capture_and_key(step, tokens, pos)
+        batches = [(buffers, list(inputs(args))) for buffers, inputs in entry.batches]
+        dsts = [b for buffers, _ in batches for b in buffers]
+        # Two sets of sources, per batch and in a row (the second one's values are the first one's plus one)
+        per_batch = [[[s.clone() for s in srcs] for _, srcs in batches], [[s + 1 for s in srcs] for _, srcs in batches]]
+        sets = [[s for srcs in one for s in srcs] for one in per_batch]
+        sizes, dst_ptrs = [d.nbytes for d in dsts], [d.data_ptr() for d in dsts]
+        stream = cudart.cudaStream_t(init_value=torch.cuda.current_stream().cuda_stream)
+        graph, turn = entry.graph, [0]
+        copies, copies_exec, nodes = record_copies(dsts, sets[0])
+
+        def sources() -> list[torch.Tensor]:
+            turn[0] ^= 1
+            return sets[turn[0]]
+
+        def foreach() -> None:
+            turn[0] ^= 1
+            for (buffers, _), srcs in zip(batches, per_batch[turn[0]], strict=True):
+                torch._foreach_copy_(buffers, srcs)
+            graph.replay()
+
+        def memcpy_async() -> None:
+            for dst, src, size in zip(dst_ptrs, sources(), sizes, strict=True):
+                ok(cudart.cudaMemcpyAsync(dst, src.data_ptr(), size, d2d, stream))
+            graph.replay()
+
+        def update() -> None:
+            for node, dst, src, size in zip(nodes, dst_ptrs, sources(), sizes, strict=True):
+                ok(cudart.cudaGraphExecMemcpyNodeSetParams1D(copies_exec, node, dst, src.data_ptr(), size, d2d))
+
+        def update_and_replay() -> None:
+            update()
+            graph.replay()
+
+        def update_copy_graph_and_replay() -> None:
+            update()
+            copies.replay()
+            graph.replay()
+
+        fns = {
+            "foreach + graph replay": foreach,
+            "cudaMemcpyAsync + graph replay": memcpy_async,
+            "memcpy-node updates + graph replay": update_and_replay,
+            "memcpy-node updates + copy graph + graph replay": update_copy_graph_and_replay,
+            "graph replay": graph.replay,
+        }
+        samples: dict[str, list[float]] = {name: [] for name in fns}
+        for _ in range(bursts):
+            for name, fn in fns.items():
+                sync()
+                start = time.perf_counter()
+                for _ in range(calls):
+                    fn()
+                samples[name].append((time.perf_counter() - start) / calls * 1e6)
+        result["us_per_call"] = {name: round(statistics.median(values), 2) for name, values in samples.items()}
+        checks = {}
+        for name, fn in (("foreach", foreach), ("cudaMemcpyAsync", memcpy_async)):
+            fn()
+            sync()
+            checks[name] = all(torch.equal(d, s) for d, s in zip(dsts, sets[turn[0]], strict=True))
+        update()
+        copies.replay()
+        sync()
+        checks["memcpy-node updates"] = all(torch.equal(d, s) for d, s in zip(dsts, sets[turn[0]], strict=True))
+        result["values_ok"] = checks
+        # Launches queued behind each other (a sleep kernel first), each after an update to the other source
+        probe_sources = [torch.full((256,), 1.0, device=device), torch.full((256,), 10.0, device=device)]
+        buffer, acc = torch.zeros(256, device=device), torch.zeros(256, device=device)
+        sync()
+        around = (lambda: torch.cuda._sleep(20_000_000), lambda: acc.add_(buffer))
+        probe, probe_exec, (node,) = record_copies([buffer], [probe_sources[0]], around)
+        acc.zero_()
+        for k in range(6):
+            src = probe_sources[k % 2].data_ptr()
+            ok(cudart.cudaGraphExecMemcpyNodeSetParams1D(probe_exec, node, buffer.data_ptr(), src, buffer.nbytes, d2d))
+            probe.replay()
+        sync()
+        result["in_flight_ok"] = bool((acc == 33.0).all())
+        result["in_flight_acc"] = acc[0].item()
+    return result
+
+
 def _python_breakdown(profile: cProfile.Profile, calls: int, top: int = 12) -> dict[str, float]:
     """cProfile's own time (tottime) per call of the ``top`` costliest functions, as "file:line(name)" with the
     file shortened to what follows site-packages/ or the repository."""
@@ -245,6 +378,13 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as error:
         result["launch_floor_us"] = {"error": f"{type(error).__name__}: {error}"}
         print(f"launch floor failed: {result['launch_floor_us']['error']}")
+    write_json(result, args.output)
+    try:
+        result["input_copy_mechanisms"] = input_copy_mechanisms(args.preset)
+        print("input copy mechanisms:", result["input_copy_mechanisms"])
+    except Exception as error:
+        result["input_copy_mechanisms"] = {"error": f"{type(error).__name__}: {error}"}
+        print(f"input copy mechanisms failed: {result['input_copy_mechanisms']['error']}")
     write_json(result, args.output)
     return 0
 
