@@ -274,6 +274,7 @@ class AirgraphBackend:
             host_split=split,
             observer=observer,
             hand_out=kind == "inference",
+            in_graph_copies=self.config.reduce_overhead.input_copies == "in-graph",
         )
 
     def _observer(self, report: GraphReport, segments: list[Segment]) -> ShapeKeyObserver | None:

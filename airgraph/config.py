@@ -95,6 +95,13 @@ class ReduceOverheadConfig(OptionGroup):
         minimum=1,
     )
     warmup_iters = Option(1, "Uncaptured runs of a new shape key before it is captured.", minimum=1)
+    input_copies = Option(
+        "launch",
+        "How a replay's inputs reach the graph's buffers: 'launch' (one copy launch per dtype before the replay) "
+        "or 'in-graph' (memcpy nodes recorded in the graph, pointed at each call's tensors: no launch; CUDA needs "
+        "cuda.bindings, which torch's Linux CUDA wheels bring).",
+        choices=("launch", "in-graph"),
+    )
 
 
 class ExperimentalConfig(OptionGroup):

@@ -105,6 +105,7 @@ import torch
 
 from airgraph.runtime.device import BORROWED, CUDA, FOREACH_COPY_DTYPES, CaptureError, DeviceRuntime
 from airgraph.runtime.fastpath import MISS
+from airgraph.runtime.feeding import FeedError
 from airgraph.runtime.host import HostSplit, refill
 from airgraph.runtime.outputs import (
     Handed,
@@ -161,6 +162,10 @@ class _Key:
     batches: list[tuple[list[Any], Callable[[list], Sequence[Any]]]] = field(default_factory=list)
     copies: list[tuple[int, Any, Callable[[Any, Any], Any]]] = field(default_factory=list)
     copy_back: tuple[int, ...] = ()  # mutated inputs copied back from their buffers after a replay
+    # Inputs whose buffers the graph fills itself (in-graph input copies: GraphCapture._fed), and their getter: given
+    # to runtime.feed before each replay, never copied by copy_many
+    fed: tuple[int, ...] = ()
+    fed_getter: Callable[[list], Sequence[Any]] = tuple
     recaptures: int = 0  # times static inputs moved (each drops the graph and records it again)
     quick_moves: int = 0  # of those in a row, the moves that came before the recording paid (PAID_REPLAYS)
     replays_at_record: int = 0  # ``replays`` when the current graph was recorded
@@ -303,13 +308,15 @@ class GraphCapture:
         host_split: HostSplit | None = None,
         observer: ShapeKeyObserver | None = None,
         hand_out: bool = True,
+        in_graph_copies: bool = False,
     ) -> None:
         """``input_views``: graph output position -> input position for outputs that are views of inputs (of the
         graph ``run`` executes: with ``host_split``, its device part's). ``host_split``: ``run`` is this HostSplit,
         whose host work runs around the replay. ``observer(key, args)`` is told of each new shape key, once, with
         the first call's arguments (before they are used: static kernels record shapes there). ``hand_out``: outputs
         may go to the caller without a copy (inference graphs; a training step's outputs are saved for its backward,
-        which holds them in ways that cannot be moved, so they are copied out)."""
+        which holds them in ways that cannot be moved, so they are copied out). ``in_graph_copies``: the graphs fill
+        their input buffers themselves where the runtime can (``config.reduce_overhead.input_copies``: _fed)."""
         # AOTAutograd passes the inputs as one list. An instance attribute: AOTAutograd wraps the backward's
         # callable (torch._dynamo.disable, functools.wraps), which copies the instance's __dict__ only.
         self._boxed_call = True
@@ -318,6 +325,7 @@ class GraphCapture:
         self._observer = observer
         self._hand_out = hand_out
         self.device = device
+        self._feed = in_graph_copies and pool.runtime.can_feed
         self._static = sorted(set(static_indices))
         self._static_set = frozenset(self._static)
         self._mutated = sorted(set(mutated_indices) - self._static_set)
@@ -457,6 +465,7 @@ class GraphCapture:
                 self._runtime.record_stream(buffer, last)
         entry.graph, entry.static_args, entry.static_outputs, entry.outputs, entry.lean = None, [], (), [], None
         entry.handed, entry.handed_storages, entry.copies, entry.batches = [], [], [], []
+        entry.fed, entry.fed_getter = (), tuple
         entry.statics, entry.refill, entry.owned = [], [], []
 
     def _warmup(self, args: list) -> Any:
@@ -507,26 +516,39 @@ class GraphCapture:
             transfers = split.transfers  # the boundary holds their copies first, then the feeds
             entry.refill = [(b, t) for b, t in zip(boundary[: len(transfers)], transfers, strict=True) if not t.static]
             static_args, capture_fn = [*buffers, *boundary], split.device_fn
-        self._runtime.clear_blas_workspaces()  # the recording's GEMMs get their workspace from the pool
-        try:
-            graph, static_outputs = self._runtime.capture(
-                capture_fn,
-                list(static_args),
-                pool=self._pool.handle(self.device),
-                stream=self._pool.stream(self.device),
-                device=self.device,
-            )
-        except Exception as exc:  # capture refused an op: run this key uncaptured from now on
-            if isinstance(exc, CaptureError) and exc.pool_spent:
-                self._pool.retire(self.device)
-            entry.state = CaptureState.UNCAPTURED
-            what = str(exc) if isinstance(exc, CaptureError) else f"{type(exc).__name__}: {exc}"
-            reason = f"CUDA graph capture failed: {what.splitlines()[0]}"
-            self._report.uncaptured_reason = reason
-            log.warning("airgraph: graph %d runs uncaptured: %s", self._report.id, reason)
-            return
-        finally:
-            self._runtime.clear_blas_workspaces()
+        fed = self._fed(args, buffers)
+        while True:
+            self._runtime.clear_blas_workspaces()  # the recording's GEMMs get their workspace from the pool
+            try:
+                graph, static_outputs = self._runtime.capture(
+                    capture_fn,
+                    list(static_args),
+                    pool=self._pool.handle(self.device),
+                    stream=self._pool.stream(self.device),
+                    device=self.device,
+                    **({"fed": fed} if fed else {}),
+                )
+                break
+            except Exception as exc:  # capture refused an op: run this key uncaptured from now on
+                if isinstance(exc, CaptureError) and exc.pool_spent:
+                    self._pool.retire(self.device)
+                if fed and (isinstance(exc, FeedError) or isinstance(exc.__cause__, FeedError)):
+                    log.warning(
+                        "airgraph: graph %d: recording its input copies in the graph failed (%s); they are launched "
+                        "before each replay from now on",
+                        self._report.id,
+                        exc,
+                    )
+                    self._feed, fed = False, []
+                    continue
+                entry.state = CaptureState.UNCAPTURED
+                what = str(exc) if isinstance(exc, CaptureError) else f"{type(exc).__name__}: {exc}"
+                reason = f"CUDA graph capture failed: {what.splitlines()[0]}"
+                self._report.uncaptured_reason = reason
+                log.warning("airgraph: graph %d runs uncaptured: %s", self._report.id, reason)
+                return
+            finally:
+                self._runtime.clear_blas_workspaces()
         entry.graph, entry.static_args, entry.static_outputs = graph, static_args, static_outputs
         entry.owned = [a for i, a in enumerate(static_args) if i >= len(args) or a is not args[i]]
         entry.static_ptrs = self._static_ptrs(static_args, sorted(static))
@@ -537,7 +559,10 @@ class GraphCapture:
             (storage(args[i]), weakref.ref(args[i])) for i in self._static if isinstance(args[i], torch.Tensor)
         )
         entry.copy_indices = tuple(i for i in range(len(args)) if static_args[i] is not args[i])
-        entry.batches, entry.copies = _input_copies(static_args, entry.copy_indices, self._runtime)
+        entry.fed = tuple(i for i, _ in fed)
+        entry.fed_getter = _getter(list(entry.fed))
+        launched = [i for i in entry.copy_indices if i not in entry.fed]
+        entry.batches, entry.copies = _input_copies(static_args, launched, self._runtime)
         entry.copy_back = tuple(i for i in self._mutated if i in entry.copy_indices)
         entry.outputs = output_plan(static_outputs, static_args, len(args), entry.copy_indices, self._input_views)
         entry.handed = handed_records(static_outputs, entry.outputs)
@@ -556,6 +581,29 @@ class GraphCapture:
             self._report.recaptures += 1  # recorded again (a parameter moved)
         else:
             self._report.capture_keys += 1
+
+    def _fed(self, args: list, buffers: list) -> list[tuple[int, torch.Tensor]]:
+        """With in-graph input copies, the inputs whose buffers the graph fills itself, each with the recording
+        call's tensor as its recorded source (runtime/feeding.py): device tensors with a buffer of their own, laid out
+        as it (the same dtype, dense, not expanded, no conjugate or negative bit: a copy of their bytes), not empty.
+        The key fixes dtype, sizes and strides, and Dynamo's guards the dispatch keys: every call's tensor there is
+        laid out the same. The others, and all of them where the runtime cannot feed a graph, are copied by a launch
+        before each replay."""
+        if not self._feed:
+            return []
+        return [
+            (i, a)
+            for i, (a, b) in enumerate(zip(args, buffers, strict=True))
+            if b is not a
+            and _is_device_tensor(a, i, self._split)
+            and a.dtype == b.dtype
+            and a.device == b.device
+            and a.numel()
+            and a.is_contiguous()
+            and b.is_contiguous()
+            and not expanded_dims(b)
+            and not (a.is_conj() or a.is_neg())
+        ]
 
     def _views_of_static(self, args: list) -> set[int]:
         """Inputs (not mutated) whose memory is a static input's of a graph recorded in this pool: used in place,
@@ -588,6 +636,8 @@ class GraphCapture:
         if entry.lean is not None and not pool.copy_outputs:  # a decode step's case (_Key.lean), with less to ask
             for buffers, inputs in entry.batches:
                 runtime.copy_many(buffers, inputs(args))
+            if entry.fed and not self._feed_graph(entry, args):
+                return self._warmup(args)
             runtime.replay(entry.graph, entry.static_args, args)
             entry.replays += 1
             args.clear()
@@ -603,6 +653,8 @@ class GraphCapture:
             runtime.copy_many(buffers, inputs(args))
         for i, buffer, copy in entry.copies:  # copy_, or over the memory of expanded dims
             copy(buffer, args[i])
+        if entry.fed and not self._feed_graph(entry, args):
+            return self._warmup(args)  # (the host work again, with the device part: this call runs uncaptured)
         runtime.replay(entry.graph, static_args, args)
         entry.replays += 1
         for i in entry.copy_back:  # mutated inputs that had a buffer (CPU inputs were mutated in place)
@@ -616,6 +668,25 @@ class GraphCapture:
             pool.handed = entry.handed_storages
         args.clear()
         return outputs if split is None else split.assemble(outputs, values, clone_static=True)
+
+    def _feed_graph(self, entry: _Key, args: list) -> bool:
+        """Point the key's graph at this call's inputs (its fed buffers: runtime.feed). A runtime that fails to
+        (a CUDA error) gets no fed graph again: the key is recorded anew with copy launches at its next call, and
+        this call runs uncaptured (False)."""
+        try:
+            self._runtime.feed(entry.graph, entry.fed_getter(args))
+        except FeedError as exc:
+            log.warning(
+                "airgraph: graph %d: pointing its input copies at the call's tensors failed (%s); it is recorded "
+                "again with the copies launched before each replay",
+                self._report.id,
+                exc,
+            )
+            self._feed = False
+            self._drop(entry)
+            entry.state, entry.warmups = CaptureState.WARMUP, self._warmup_iters - 1
+            return False
+        return True
 
     def _follow(self, stream_id: Any) -> None:
         """The caller's stream is not the last replay's on this device: it waits for that one first (graphs share

@@ -42,6 +42,7 @@ import torch
 
 from airgraph import config, ops
 from airgraph.ops import cuda_index
+from airgraph.runtime import feeding
 
 __all__ = [
     "CPU",
@@ -95,6 +96,7 @@ class DeviceRuntime(Protocol):
 
     has_streams: bool  # side streams are real (segments split at stream changes, the executor forks and joins)
     can_capture: bool  # reduce-overhead records graphs and replays them
+    can_feed: bool  # a graph can fill its own input buffers (capture's ``fed``, feed)
 
     # -- streams and events: streams have wait_stream(other) and wait_event(event); events record(stream)
     def current_stream(self, device: torch.device | None = None) -> Any: ...
@@ -117,9 +119,24 @@ class DeviceRuntime(Protocol):
     def static_buffer(self, t: torch.Tensor) -> torch.Tensor:
         """An input buffer for a captured graph, laid out like ``t``."""
 
-    def capture(self, fn: Callable[[list], Any], args: list, *, pool: Any, stream: Any, device: torch.device) -> tuple:
+    def capture(
+        self,
+        fn: Callable[[list], Any],
+        args: list,
+        *,
+        pool: Any,
+        stream: Any,
+        device: torch.device,
+        fed: Sequence[tuple[int, torch.Tensor]] = (),
+    ) -> tuple:
         """Record ``fn(args)`` on ``stream`` into a new graph allocating from ``pool``: ``(graph, outputs)``
-        (through :func:`record`: on failure the device is left as it was, and the error raised)."""
+        (through :func:`record`: on failure the device is left as it was, and the error raised). ``fed`` (only where
+        ``can_feed``): (position, source) pairs whose buffer ``args[position]`` the graph fills itself, a copy of
+        the bytes of the source :meth:`feed` gives before each replay (recorded from ``source``: runtime/feeding.py)."""
+
+    def feed(self, graph: Any, sources: Sequence[torch.Tensor]) -> None:
+        """The sources of ``graph``'s fed buffers (``capture``'s ``fed``, in order) for its next replays: read when a
+        replay runs, as a copy launched on the same stream just before it would read them."""
 
     def replay(self, graph: Any, recorded: list, args: list) -> None:
         """Replay ``graph``, recorded on ``recorded`` (the :data:`BORROWED` ones being ``args``'s now, at the same
@@ -224,9 +241,9 @@ def record(recording: Recording, fn: Callable[[list], Any], args: list) -> Any:
 class _CudaRecording:
     """A ``torch.cuda.CUDAGraph`` recorded into ``pool`` on device ``index`` (see :class:`Recording`)."""
 
-    def __init__(self, index: int, pool: Any) -> None:
+    def __init__(self, index: int, pool: Any, keep_graph: bool = False) -> None:
         self.index, self.pool = index, pool
-        self.graph = torch.cuda.CUDAGraph()
+        self.graph = torch.cuda.CUDAGraph(keep_graph=keep_graph)
 
     def refusal(self) -> str | None:
         if torch.cuda.current_stream(self.index) == torch.cuda.default_stream(self.index):
@@ -298,17 +315,36 @@ class CudaRuntime:
     def static_buffer(self, t: torch.Tensor) -> torch.Tensor:
         return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
 
+    @property
+    def can_feed(self) -> bool:
+        return feeding.bindings() is not None
+
     def capture(
-        self, fn: Callable[[list], Any], args: list, *, pool: Any, stream: torch.cuda.Stream, device: torch.device
-    ) -> tuple[torch.cuda.CUDAGraph, Any]:
+        self,
+        fn: Callable[[list], Any],
+        args: list,
+        *,
+        pool: Any,
+        stream: torch.cuda.Stream,
+        device: torch.device,
+        fed: Sequence[tuple[int, torch.Tensor]] = (),
+    ) -> tuple[torch.cuda.CUDAGraph | feeding.FedGraph, Any]:
         """Record ``fn(args)`` on ``stream`` into a new CUDA graph allocating from ``pool`` (:func:`record`). As
-        ``torch.cuda.graph`` does, the device is synchronized first; the caller's stream is restored on every path."""
+        ``torch.cuda.graph`` does, the device is synchronized first; the caller's stream is restored on every path.
+        With ``fed``, a :class:`~airgraph.runtime.feeding.FedGraph` whose memcpy nodes come first."""
         index = cuda_index(device)
         torch.cuda.synchronize(index)
-        recording = _CudaRecording(index, pool)
+        recording = _CudaRecording(index, pool, keep_graph=bool(fed))
+        buffers = [args[position] for position, _ in fed]
+        run = feeding.copies_first(fn, list(zip(buffers, [s for _, s in fed], strict=True))) if fed else fn
         with torch.cuda.stream(stream):
-            outputs = record(recording, fn, args)
-        return recording.graph, outputs
+            outputs = record(recording, run, args)
+        if not fed:
+            return recording.graph, outputs
+        return feeding.FedGraph(recording.graph, buffers, [s for _, s in fed]), outputs
+
+    def feed(self, graph: feeding.FedGraph, sources: Sequence[torch.Tensor]) -> None:
+        graph.feed(sources)
 
     def replay(self, graph: torch.cuda.CUDAGraph, recorded: list, args: list) -> None:
         graph.replay()  # the recorded addresses: nothing to bind
@@ -386,6 +422,7 @@ class CpuRuntime:
 
     has_streams = False
     can_capture = False
+    can_feed = False
     _stream = _NoStream()
 
     def current_stream(self, device: torch.device | None = None) -> _NoStream:
@@ -415,7 +452,19 @@ class CpuRuntime:
     def static_buffer(self, t: torch.Tensor) -> torch.Tensor:
         return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
 
-    def capture(self, fn: Callable[[list], Any], args: list, *, pool: Any, stream: Any, device: torch.device) -> tuple:
+    def capture(
+        self,
+        fn: Callable[[list], Any],
+        args: list,
+        *,
+        pool: Any,
+        stream: Any,
+        device: torch.device,
+        fed: Sequence[tuple[int, torch.Tensor]] = (),
+    ) -> tuple:
+        raise RuntimeError("the CPU records no graphs: reduce-overhead runs the executor uncaptured")
+
+    def feed(self, graph: Any, sources: Sequence[torch.Tensor]) -> None:
         raise RuntimeError("the CPU records no graphs: reduce-overhead runs the executor uncaptured")
 
     def replay(self, graph: Any, recorded: list, args: list) -> None:

@@ -136,6 +136,7 @@ class SimulatedCuda:
 
     has_streams = True
     can_capture = True
+    can_feed = True
     # time()'s cost model: a kernel launch, and memory bandwidth (roughly an H100's).
     LAUNCH_SECONDS = 5e-6
     BYTES_PER_SECOND = 2e12
@@ -238,9 +239,20 @@ class SimulatedCuda:
         self._allocated(buffer, stream, stream.tick(), "a static input buffer")
         return buffer
 
-    def capture(self, fn: Callable[[list], Any], args: list, *, pool: Any, stream: SimStream, device: Any) -> tuple:
+    def capture(
+        self,
+        fn: Callable[[list], Any],
+        args: list,
+        *,
+        pool: Any,
+        stream: SimStream,
+        device: Any,
+        fed: Sequence[tuple[int, torch.Tensor]] = (),
+    ) -> tuple:
         """Record ``fn(args)`` into a SimGraph (device.py's :func:`record`, as CUDA's capture). The device is
-        synchronized first; the arguments ``fn`` mutated and the random state are put back after."""
+        synchronized first; the arguments ``fn`` mutated and the random state are put back after. ``fed``: the
+        buffers the graph fills itself before each replay, from the sources :meth:`feed` gave (as CUDA's memcpy
+        nodes: runtime/feeding.py), kept as CUDA keeps them, by address only (weak references)."""
         self.synchronize()
         saved = [(a, a.clone()) for a in args if isinstance(a, torch.Tensor)]
         rng = torch.get_rng_state()  # nor does it draw random numbers
@@ -261,6 +273,7 @@ class SimulatedCuda:
             with self.use(stream):
                 graph.outputs = record(graph, recorded, list(args))
             graph.hold(args)
+            graph.fed = [(position, weakref.ref(source)) for position, source in fed]
         finally:
             torch.set_rng_state(rng)
             with torch.no_grad():
@@ -282,7 +295,22 @@ class SimulatedCuda:
             self.break_capture_at = None
             raise SimulatedCudaError(f"capture broken at '{point}' (SimulatedCuda.break_capture_at)")
 
+    def feed(self, graph: SimGraph, sources: Sequence[torch.Tensor]) -> None:
+        if len(sources) != len(graph.fed):
+            raise SimulatedCudaError(f"feed: {len(sources)} sources for {len(graph.fed)} fed buffers")
+        graph.fed = [(position, weakref.ref(source)) for (position, _), source in zip(graph.fed, sources, strict=True)]
+
     def replay(self, graph: SimGraph, recorded: list, args: list) -> None:
+        """The fed buffers' copies first (the graph's first nodes), then the graph."""
+        for position, source in graph.fed:
+            tensor = source()
+            if tensor is None:  # CUDA would copy whatever that memory holds now
+                self.problems.append(
+                    f"a replay's in-graph input copy into buffer {position} reads a tensor freed since it was fed "
+                    "(feed the replay's own inputs before each replay)"
+                )
+                continue
+            self.copy_(recorded[position], tensor)
         graph.replay([args[i] if a is BORROWED else a for i, a in enumerate(recorded)])
 
     def capture_refusal(self, device: Any) -> str | None:

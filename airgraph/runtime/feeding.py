@@ -1,0 +1,118 @@
+"""In-graph input copies on CUDA (``config.reduce_overhead.input_copies = "in-graph"``): a graph that fills its own
+input buffers.
+
+Before a replay, the caller's inputs are copied into the graph's static buffers. Launched as one
+``torch._foreach_copy_``, that copy costs the host more than the replay it feeds (H100, torch 2.11: 7-11 us against
+3-5 us for ``CUDAGraph.replay()``, benchmarks/results/launch_floor_cuda.json). Here the copies are recorded as the
+graph's first nodes instead: one memcpy node per input, from the recording call's tensor into the buffer. Before
+each replay, the nodes are pointed at that call's tensors (``cudaGraphExecMemcpyNodeSetParams1D``: a change to the
+instantiated graph on the host, no launch; skipped for a node whose source address is the same). CUDA applies such
+a change to later launches only, so a launch still queued copies what it was given: the semantics of a copy launched
+on the same stream just before each replay, which is what it replaces.
+
+The CUDA runtime API comes from ``cuda.bindings`` (NVIDIA's Python bindings, a dependency of torch's Linux CUDA
+wheels from 2.11 to 2.15). Without it (:func:`bindings` is None), the runtime cannot feed a graph and replays copy
+their inputs with a launch.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from types import ModuleType
+from typing import Any
+
+import torch
+
+__all__ = ["FedGraph", "FeedError", "bindings", "copies_first"]
+
+
+class FeedError(RuntimeError):
+    """Recording a graph's input copies, or pointing them at a call's tensors, failed (a CUDA runtime call's error)."""
+
+
+@functools.cache
+def bindings() -> ModuleType | None:
+    """``cuda.bindings.runtime``, or None where it is not installed."""
+    try:
+        from cuda.bindings import runtime
+    except ImportError:
+        return None
+    return runtime
+
+
+def _ok(result: tuple, call: str) -> Any:
+    cudart = bindings()
+    assert cudart is not None
+    if result[0] != cudart.cudaError_t.cudaSuccess:
+        raise FeedError(f"{call} failed: {result[0]!r}")
+    return result[1] if len(result) == 2 else result[1:]
+
+
+def copies_first(fn: Callable[[list], Any], fed: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> Callable[[list], Any]:
+    """``fn`` preceded by one ``cudaMemcpyAsync`` per (buffer, source) pair on the current stream: recorded inside a
+    capture, the graph's first nodes. A memcpy of the buffer's bytes: each source is laid out as its buffer."""
+    cudart = bindings()
+    assert cudart is not None
+    kind = cudart.cudaMemcpyKind.cudaMemcpyDeviceToDevice
+
+    def run(args: list) -> Any:
+        _ok(cudart.cudaSetDevice(torch.cuda.current_device()), "cudaSetDevice")  # the bindings' current device: torch's
+        stream = cudart.cudaStream_t(init_value=torch.cuda.current_stream().cuda_stream)
+        for buffer, source in fed:
+            copy = cudart.cudaMemcpyAsync(buffer.data_ptr(), source.data_ptr(), buffer.nbytes, kind, stream)
+            _ok(copy, "cudaMemcpyAsync")
+        return fn(args)
+
+    return run
+
+
+class FedGraph:
+    """A ``torch.cuda.CUDAGraph`` recorded with ``keep_graph=True`` (its node handles must outlive the instantiation)
+    whose first nodes copy ``sources`` into ``buffers`` (:func:`copies_first`): instantiated, its memcpy nodes found.
+    :meth:`feed` points them at a call's tensors; :meth:`replay` launches it."""
+
+    def __init__(self, graph: torch.cuda.CUDAGraph, buffers: Sequence[torch.Tensor], sources: Sequence[torch.Tensor]):
+        cudart = bindings()
+        assert cudart is not None
+        graph.instantiate()
+        self.graph = graph
+        self._set = cudart.cudaGraphExecMemcpyNodeSetParams1D
+        self._exec = cudart.cudaGraphExec_t(init_value=graph.raw_cuda_graph_exec())
+        self._kind, self._success = cudart.cudaMemcpyKind.cudaMemcpyDeviceToDevice, cudart.cudaError_t.cudaSuccess
+        nodes = _memcpy_nodes(cudart, graph.raw_cuda_graph())
+        pairs = [(b.data_ptr(), s.data_ptr()) for b, s in zip(buffers, sources, strict=True)]
+        missing = [k for k, pair in enumerate(pairs) if pair not in nodes]
+        if missing:
+            raise FeedError(f"the recorded graph has no memcpy node for its fed input buffers {missing}")
+        # per fed buffer: [its node, its address, its size, the address its node copies from now]
+        self._nodes = [[nodes[pair], pair[0], b.nbytes, pair[1]] for pair, b in zip(pairs, buffers, strict=True)]
+
+    def feed(self, sources: Sequence[torch.Tensor]) -> None:
+        """The next replays copy from ``sources`` (one per fed buffer, in order)."""
+        for node, source in zip(self._nodes, sources, strict=True):
+            ptr = source.data_ptr()
+            if ptr != node[3]:
+                (error,) = self._set(self._exec, node[0], node[1], ptr, node[2], self._kind)
+                if error != self._success:
+                    raise FeedError(
+                        f"airgraph: pointing a graph's input copy at the call's tensor failed ({error!r}); set "
+                        "config.reduce_overhead.input_copies = 'launch' to copy inputs with a launch instead"
+                    )
+                node[3] = ptr
+
+    def replay(self) -> None:
+        self.graph.replay()
+
+
+def _memcpy_nodes(cudart: ModuleType, raw_graph: int) -> dict[tuple[int, int], Any]:
+    """The memcpy nodes of a cudaGraph_t, by (destination, source) address."""
+    graph = cudart.cudaGraph_t(init_value=raw_graph)
+    count = _ok(cudart.cudaGraphGetNodes(graph, 0), "cudaGraphGetNodes")[1]
+    memcpy = cudart.cudaGraphNodeType.cudaGraphNodeTypeMemcpy
+    found = {}
+    for node in _ok(cudart.cudaGraphGetNodes(graph, count), "cudaGraphGetNodes")[0]:
+        if _ok(cudart.cudaGraphNodeGetType(node), "cudaGraphNodeGetType") == memcpy:
+            params = _ok(cudart.cudaGraphMemcpyNodeGetParams(node), "cudaGraphMemcpyNodeGetParams")
+            found[(int(params.dstPtr.ptr), int(params.srcPtr.ptr))] = node
+    return found

@@ -1,0 +1,254 @@
+"""In-graph input copies (``reduce_overhead.input_copies = "in-graph"``; runtime/feeding.py): a recorded graph fills
+its own input buffers from the tensors each call points it at, instead of a copy launched before each replay. On the
+CUDA simulator (its graphs keep fed sources by address, and a replay copies from them first), and on a GPU
+(`cuda`)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+import airgraph
+from airgraph.backend import AirgraphBackend
+from airgraph.runtime import feeding
+from airgraph.runtime.device import CudaRuntime
+from airgraph.runtime.simulated import SimulatedCuda, SimulatedCudaError
+from tests.helpers import assert_close, make_config
+
+IN_GRAPH = {"reduce_overhead.input_copies": "in-graph"}
+
+
+class Step(nn.Module):
+    def __init__(self, d: int = 16) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.up, self.down = nn.Linear(d, 2 * d), nn.Linear(2 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(torch.relu(self.up(x)))
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """The simulator's feeds (sources per call) and copy launches (tensors per call), counted."""
+    feeds, launches = [], []
+    feed, copy_many = SimulatedCuda.feed, SimulatedCuda.copy_many
+    monkeypatch.setattr(SimulatedCuda, "feed", lambda self, g, s: (feeds.append(len(s)), feed(self, g, s))[1])
+    monkeypatch.setattr(
+        SimulatedCuda, "copy_many", lambda self, d, s: (launches.append(len(s)), copy_many(self, d, s))[1]
+    )
+    return feeds, launches
+
+
+@pytest.mark.parametrize("fast_path", [False, True], ids=["through torch.compile", "fast path"])
+def test_a_graph_fills_its_input_buffers_itself_from_each_calls_tensors(counted, captures, fast_path):
+    """New input tensors every call (as a decode loop's): each replay is fed that call's tensor, no copy is launched,
+    and the results are eager's."""
+    feeds, launches = counted
+    model, sim = Step().eval(), SimulatedCuda()
+    step = airgraph.compile(
+        model, make_config(mode="reduce-overhead", kernel_backend="aten", **IN_GRAPH), fast_path=fast_path, runtime=sim
+    )
+    with torch.no_grad():
+        for _ in range(6):
+            x = torch.randn(4, 16)
+            assert_close(step(x), model(x))
+    assert feeds == [1] * 5 and not launches  # the first call records: five replays
+    assert not sim.problems
+    (capture,) = captures
+    (entry,) = capture._keys.values()
+    (position,) = entry.fed  # the input (after the parameters)
+    assert not entry.batches and entry.graph.fed[0][0] == position
+
+
+def test_by_default_inputs_are_copied_by_a_launch(counted):
+    feeds, launches = counted
+    model = Step().eval()
+    step = airgraph.compile(model, make_config(mode="reduce-overhead", kernel_backend="aten"), runtime=SimulatedCuda())
+    with torch.no_grad():
+        for _ in range(3):
+            step(torch.randn(4, 16))
+    assert not feeds and launches == [1, 1]
+
+
+def test_an_input_not_laid_out_as_its_buffer_is_copied_by_a_launch_beside_fed_ones(counted):
+    """A transposed input (dense, but not in the order a copy of its bytes needs) is copied by a launch beside the
+    contiguous one, which is fed."""
+    feeds, launches = counted
+
+    def fn(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return (a @ b).relu()
+
+    config = make_config(mode="reduce-overhead", kernel_backend="aten", **IN_GRAPH)
+    compiled = torch.compile(fn, backend=AirgraphBackend(config, runtime=SimulatedCuda()))
+    for _ in range(4):
+        a, b = torch.randn(4, 8), torch.randn(6, 8).t()
+        assert_close(compiled(a, b), fn(a, b))
+    assert feeds == [1] * 3 and launches == [1] * 3
+
+
+def test_a_decode_loop_with_new_token_tensors_makes_eager_tokens(counted):
+    """Tiny LLaMA's decode loop as users write it (the next token a new tensor each step, the position too), on the
+    fast path with in-graph input copies: eager's tokens, both inputs fed, nothing launched to copy them."""
+    from airgraph.models import build_tiny_llama, prefill_inputs
+
+    feeds, launches = counted
+    model, reference = build_tiny_llama("tiny", seed=0), build_tiny_llama("tiny", seed=0)
+    prompt, prompt_pos = prefill_inputs(model.config, 1, 8)
+    config = make_config(mode="reduce-overhead", kernel_backend="aten", **IN_GRAPH)
+    step = airgraph.compile(model, config, fast_path=True, runtime=SimulatedCuda(), fullgraph=True)
+    with torch.no_grad():
+        token = model(prompt, prompt_pos)[:, -1:].argmax(-1)
+        made = []
+        for i in range(8):
+            token = step(token, torch.tensor([8 + i])).argmax(-1)
+            made.append(int(token))
+        reference(prompt, prompt_pos)
+        expected, token = [], reference(prompt, prompt_pos)[:, -1:].argmax(-1)
+        reference(prompt, prompt_pos)  # (the cache rewritten: the same state as the model's before its loop)
+        for i in range(8):
+            token = reference(token, torch.tensor([8 + i])).argmax(-1)
+            expected.append(int(token))
+    assert made == expected
+    assert feeds and set(feeds) == {2} and not launches
+    assert step.fast_calls > 0
+
+
+def test_a_graph_that_cannot_record_its_input_copies_launches_them_instead(monkeypatch, caplog, counted):
+    feeds, launches = counted
+    capture = SimulatedCuda.capture
+
+    def refuse(self, fn, args, **kw):
+        if kw.get("fed"):
+            raise feeding.FeedError("cudaMemcpyAsync failed: <cudaError_t.cudaErrorNotSupported: 801>")
+        return capture(self, fn, args, **kw)
+
+    monkeypatch.setattr(SimulatedCuda, "capture", refuse)
+    model = Step().eval()
+    config = make_config(mode="reduce-overhead", kernel_backend="aten", **IN_GRAPH)
+    backend = AirgraphBackend(config, runtime=SimulatedCuda())
+    step = torch.compile(model, backend=backend)
+    with caplog.at_level(logging.WARNING, logger="airgraph"), torch.no_grad():
+        for _ in range(4):
+            x = torch.randn(4, 16)
+            assert_close(step(x), model(x))
+    assert "recording its input copies in the graph failed" in caplog.text and "cudaErrorNotSupported" in caplog.text
+    assert not feeds and launches == [1] * 3
+    (report,) = backend.reports
+    assert report.captured and report.uncaptured_reason is None
+
+
+def test_the_simulator_finds_a_replay_reading_a_source_freed_since_it_was_fed():
+    """What a replay path that forgot to feed its graph would do on CUDA: copy from the address of a tensor that is
+    gone (whatever that memory holds now)."""
+    sim = SimulatedCuda()
+    buffer, source = sim.static_buffer(torch.ones(4)), torch.ones(4)
+    graph, (out,) = sim.capture(
+        lambda a: [a[0] * 2], [buffer], pool=sim.pool_handle(), stream=sim.new_stream(), device=None, fed=[(0, source)]
+    )
+    x = torch.full((4,), 3.0)
+    sim.feed(graph, [x])
+    sim.replay(graph, [buffer], [buffer])
+    assert_close(out, torch.full((4,), 6.0)) and not sim.problems
+    del x
+    sim.replay(graph, [buffer], [buffer])
+    assert len(sim.problems) == 1 and "reads a tensor freed since it was fed" in sim.problems[0]
+    with pytest.raises(SimulatedCudaError, match="2 sources for 1 fed buffers"):
+        sim.feed(graph, [torch.ones(4), torch.ones(4)])
+
+
+def test_the_option_names_its_values():
+    with pytest.raises(ValueError, match="input_copies: invalid value 'graph'; allowed values: 'launch', 'in-graph'"):
+        make_config(**{"reduce_overhead.input_copies": "graph"})
+
+
+# -- on a GPU ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("fast_path", [False, True], ids=["through torch.compile", "fast path"])
+def test_cuda_graphs_copy_each_calls_inputs_in_the_graph(monkeypatch, captures, fast_path):
+    """On a GPU: the graphs are FedGraphs, no copy is launched, and replays queued behind each other (no sync between
+    calls, each with a new input tensor, each output kept) each read their own input."""
+    if feeding.bindings() is None:
+        pytest.skip("cuda.bindings is not installed")
+    launches = []
+    copy_many = CudaRuntime.copy_many
+    monkeypatch.setattr(
+        CudaRuntime, "copy_many", lambda self, d, s: (launches.append(len(s)), copy_many(self, d, s))[1]
+    )
+    model = Step(256).eval().cuda()
+    step = airgraph.compile(
+        model, make_config(mode="reduce-overhead", kernel_backend="aten", **IN_GRAPH), fast_path=fast_path
+    )
+    with torch.no_grad():
+        for _ in range(3):
+            step(torch.randn(64, 256, device="cuda"))
+        inputs = [torch.randn(64, 256, device="cuda") for _ in range(12)]
+        outputs = [step(x) for x in inputs]
+        torch.cuda.synchronize()
+        for x, y in zip(inputs, outputs, strict=True):
+            assert_close(y, model(x))
+    assert not launches
+    (capture,) = captures
+    (entry,) = capture._keys.values()
+    assert isinstance(entry.graph, feeding.FedGraph) and len(entry.fed) == 1 and not entry.batches
+
+
+def test_a_replay_off_the_lean_path_is_fed_too(counted, captures):
+    """A graph that also returns a view of its input (handed back as that view of the caller's tensor, not from the
+    graph's memory) replays through GraphCapture's general path: it feeds its graph as the decode step's path does."""
+    feeds, launches = counted
+
+    def fn(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return (x @ x.t()).relu(), x[1:]
+
+    config = make_config(mode="reduce-overhead", kernel_backend="aten", **IN_GRAPH)
+    compiled = torch.compile(fn, backend=AirgraphBackend(config, runtime=SimulatedCuda()))
+    for _ in range(4):
+        x = torch.randn(4, 8)
+        y, view = compiled(x)
+        assert_close(y, fn(x)[0])
+        assert view.data_ptr() == x[1:].data_ptr()
+    (capture,) = captures
+    (entry,) = capture._keys.values()
+    assert entry.lean is None and entry.fed
+    assert feeds == [1] * 3 and not launches
+
+
+@pytest.mark.parametrize("fast_path", [False, True], ids=["through torch.compile", "fast path"])
+def test_a_graph_whose_copies_cannot_be_pointed_at_a_calls_tensors_is_recorded_again_with_launches(
+    monkeypatch, caplog, captures, fast_path
+):
+    """runtime.feed fails at a replay (a CUDA error): that call runs uncaptured with eager's result, and the key is
+    recorded again with its input copies launched; later calls replay it."""
+    launches = []
+    copy_many = SimulatedCuda.copy_many
+    monkeypatch.setattr(
+        SimulatedCuda, "copy_many", lambda self, d, s: (launches.append(len(s)), copy_many(self, d, s))[1]
+    )
+    feed, failures = SimulatedCuda.feed, []
+
+    def fails_third(self, graph, sources):
+        failures.append(1)
+        if len(failures) == 3:
+            raise feeding.FeedError("cudaGraphExecMemcpyNodeSetParams1D failed: <cudaErrorInvalidValue: 1>")
+        return feed(self, graph, sources)
+
+    monkeypatch.setattr(SimulatedCuda, "feed", fails_third)
+    model, sim = Step().eval(), SimulatedCuda()
+    config = make_config(mode="reduce-overhead", kernel_backend="aten", **IN_GRAPH)
+    step = airgraph.compile(model, config, fast_path=fast_path, runtime=sim)
+    with caplog.at_level(logging.WARNING, logger="airgraph"), torch.no_grad():
+        for _ in range(8):
+            x = torch.randn(4, 16)
+            assert_close(step(x), model(x))
+    assert "pointing its input copies at the call's tensors failed" in caplog.text
+    assert len(failures) == 3 and launches  # fed twice, failed once, then copies launched
+    (capture,) = captures
+    (entry,) = capture._keys.values()
+    assert not entry.fed and entry.batches and entry.recaptures == 0 and capture._report.capture_keys == 2
+    assert not sim.problems
