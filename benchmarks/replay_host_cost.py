@@ -49,7 +49,10 @@ class _NullGraph:
 
 class NullReplay(SimulatedCuda):
     """The simulated runtime whose recorded graphs do no work when replayed (outputs stay as recorded), and
-    whose copies are plain copies, as CUDA's (the simulator's race checks are not measured)."""
+    whose copies are plain copies, as CUDA's (the simulator's race checks are not measured). Its graphs cannot fill
+    their own input buffers (in-graph input copies cost CUDA driver calls this proxy has no stand-in for)."""
+
+    can_feed = False
 
     def capture(self, fn: Any, args: list, *, pool: Any, stream: Any, device: Any) -> tuple:
         return _NullGraph(), fn(list(args))
