@@ -81,6 +81,9 @@ import airgraph
 from airgraph.bench.results import environment, write_json
 
 VARIANTS = ("eager", "torch.compile", "torch.compile reduce-overhead", "airgraph reduce-overhead")
+# Asked for by name only (--variants): airgraph reduce-overhead with reduce_overhead.input_copies = "in-graph" (the
+# step's inputs copied by memcpy nodes of its graph instead of a launch before each replay; runtime/feeding.py)
+IN_GRAPH = "airgraph in-graph input copies"
 REFERENCE = "torch.compile reduce-overhead"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 PRESETS: dict[str, dict[str, Any]] = {
@@ -179,9 +182,11 @@ def generate_kwargs(variant: str, device: torch.device, new_tokens: int) -> dict
         compile_config = CompileConfig(backend="inductor", mode="default", dynamic=False)
     elif variant == "torch.compile reduce-overhead":
         compile_config = CompileConfig(backend="inductor", mode="reduce-overhead", dynamic=False)
-    elif variant == "airgraph reduce-overhead":
+    elif variant in ("airgraph reduce-overhead", IN_GRAPH):
         config = airgraph.CompilerConfig()
         config.mode = "reduce-overhead"
+        if variant == IN_GRAPH:
+            config.reduce_overhead.input_copies = "in-graph"
         backend = airgraph.get_backend(compiler_config=config)
         compile_config = CompileConfig(backend=backend, mode=None, dynamic=False)
     else:
@@ -445,7 +450,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt-len", type=int, default=None, help="prompt tokens (default: the preset's)")
     parser.add_argument("--batches", default="1,8")
     parser.add_argument("--dtypes", default="float32,bfloat16")
-    parser.add_argument("--variants", default=",".join(VARIANTS), help="eager is always run (the reference)")
+    parser.add_argument(
+        "--variants",
+        default=",".join(VARIANTS),
+        help=f"eager is always run (the reference); also {IN_GRAPH!r}",
+    )
     parser.add_argument("--rounds", type=int, default=None, help="interleaved timing rounds (default: the preset's)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed calls after the first")
     parser.add_argument(
@@ -470,8 +479,8 @@ def main(argv: list[str] | None = None) -> int:
     batches = [int(b) for b in args.batches.split(",") if b]
     dtypes = [d for d in args.dtypes.split(",") if d]
     variants = ["eager", *(v for v in args.variants.split(",") if v and v != "eager")]
-    if bad := [d for d in dtypes if d not in DTYPES] + [v for v in variants if v not in VARIANTS]:
-        parser.error(f"unknown {bad}; dtypes: {list(DTYPES)}, variants: {list(VARIANTS)}")
+    if bad := [d for d in dtypes if d not in DTYPES] + [v for v in variants if v not in (*VARIANTS, IN_GRAPH)]:
+        parser.error(f"unknown {bad}; dtypes: {list(DTYPES)}, variants: {[*VARIANTS, IN_GRAPH]}")
     if new_tokens < 2:
         parser.error("--new-tokens: at least 2 (the first token comes from the eager prefill)")
     # One thread on the CPU by default: on a shared machine, OpenMP threads that wait for a descheduled peer make

@@ -54,11 +54,13 @@ def test_static_cache_decode_is_captured_once_and_replayed():
     assert sum(r.capture_keys for r in backend.reports) == 2  # the prefill's shape and the decode step's
 
 
-def test_hf_generate_with_a_static_cache_replays_on_the_simulator(captures):
+@pytest.mark.parametrize("input_copies", ["launch", "in-graph"])
+def test_hf_generate_with_a_static_cache_replays_on_the_simulator(captures, input_copies):
     """transformers' own ``generate`` with a static cache, its compiled forward on airgraph reduce-overhead with the
     simulated CUDA runtime: each call makes a new cache (tensors marked static, which the recording keeps by address
     only); three calls give eager's tokens, record their step at most once each, are never given up, and no replay
-    races or runs on memory freed since its recording."""
+    races or runs on memory freed since its recording. With in-graph input copies, the step's new tensors (the
+    token, its position) are fed to the graph, not copied by a launch."""
     from transformers import CompileConfig, LlamaConfig, LlamaForCausalLM
 
     hf_config = LlamaConfig(
@@ -78,6 +80,7 @@ def test_hf_generate_with_a_static_cache_replays_on_the_simulator(captures):
     model.generation_config.eos_token_id, model.generation_config.pad_token_id = None, 0
     config = airgraph.CompilerConfig()
     config.mode, config.kernel_backend = "reduce-overhead", "aten"
+    config.reduce_overhead.input_copies = input_copies
     sim = SimulatedCuda()
     backend = AirgraphBackend(config, runtime=sim)
 
@@ -100,3 +103,6 @@ def test_hf_generate_with_a_static_cache_replays_on_the_simulator(captures):
     assert report.uncaptured_reason is None and report.recaptures <= generates - 1
     (entry,) = [k for c in captures for k in c._keys.values() if k.replays]
     assert entry.replays == generates * (new_tokens - 1) - 1 - report.recaptures  # a recording: one call
+    assert bool(entry.fed) == (input_copies == "in-graph")
+    if entry.fed:  # every tensor with a buffer of its own is fed
+        assert not entry.batches and not entry.copies, (entry.fed, entry.batches, entry.copies)
