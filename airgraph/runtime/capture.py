@@ -120,6 +120,7 @@ from airgraph.runtime.outputs import (
 )
 
 log = logging.getLogger("airgraph")
+_warned = {"unfed": False}  # warnings given once per process
 
 # Static inputs that move often: a recording that served fewer than PAID_REPLAYS replays before its static inputs
 # moved did not pay for itself; after MAX_RECAPTURES such recordings in a row the key runs uncaptured for good (they
@@ -166,7 +167,7 @@ class _Key:
     # to runtime.feed before each replay, never copied by copy_many
     fed: tuple[int, ...] = ()
     fed_getter: Callable[[list], Sequence[Any]] = tuple
-    recaptures: int = 0  # times static inputs moved (each drops the graph and records it again)
+    recaptures: int = 0  # times its graph was dropped and recorded again (static inputs moved, or fed copies failed)
     quick_moves: int = 0  # of those in a row, the moves that came before the recording paid (PAID_REPLAYS)
     replays_at_record: int = 0  # ``replays`` when the current graph was recorded
     outputs: list[tuple] = field(default_factory=list)  # runtime.outputs.output_plan
@@ -326,6 +327,13 @@ class GraphCapture:
         self._hand_out = hand_out
         self.device = device
         self._feed = in_graph_copies and pool.runtime.can_feed
+        if in_graph_copies and not self._feed and pool.runtime.can_capture and not _warned["unfed"]:
+            _warned["unfed"] = True
+            log.warning(
+                "airgraph: reduce_overhead.input_copies='in-graph' needs NVIDIA's cuda.bindings with a working CUDA "
+                "runtime (torch's Linux CUDA wheels install it; pip install cuda-bindings); inputs are copied with a "
+                "launch before each replay"
+            )
         self._static = sorted(set(static_indices))
         self._static_set = frozenset(self._static)
         self._mutated = sorted(set(mutated_indices) - self._static_set)
@@ -578,7 +586,7 @@ class GraphCapture:
         entry.state, entry.replays_at_record = CaptureState.CAPTURED, entry.replays
         self._report.captured = True
         if entry.recaptures:
-            self._report.recaptures += 1  # recorded again (a parameter moved)
+            self._report.recaptures += 1  # recorded again (a parameter moved, or its input copies failed)
         else:
             self._report.capture_keys += 1
 
@@ -633,11 +641,14 @@ class GraphCapture:
         if pool.handed and not pool.settle():
             return self._held(args)
         runtime = self._runtime
+        if entry.fed:  # after settling (which may move a handed output an input is), before any per-call work
+            try:
+                runtime.feed(entry.graph, entry.fed_getter(args))
+            except FeedError as exc:
+                return self._unfed(entry, args, exc)
         if entry.lean is not None and not pool.copy_outputs:  # a decode step's case (_Key.lean), with less to ask
             for buffers, inputs in entry.batches:
                 runtime.copy_many(buffers, inputs(args))
-            if entry.fed and not self._feed_graph(entry, args):
-                return self._warmup(args)
             runtime.replay(entry.graph, entry.static_args, args)
             entry.replays += 1
             args.clear()
@@ -653,8 +664,6 @@ class GraphCapture:
             runtime.copy_many(buffers, inputs(args))
         for i, buffer, copy in entry.copies:  # copy_, or over the memory of expanded dims
             copy(buffer, args[i])
-        if entry.fed and not self._feed_graph(entry, args):
-            return self._warmup(args)  # (the host work again, with the device part: this call runs uncaptured)
         runtime.replay(entry.graph, static_args, args)
         entry.replays += 1
         for i in entry.copy_back:  # mutated inputs that had a buffer (CPU inputs were mutated in place)
@@ -669,24 +678,20 @@ class GraphCapture:
         args.clear()
         return outputs if split is None else split.assemble(outputs, values, clone_static=True)
 
-    def _feed_graph(self, entry: _Key, args: list) -> bool:
-        """Point the key's graph at this call's inputs (its fed buffers: runtime.feed). A runtime that fails to
-        (a CUDA error) gets no fed graph again: the key is recorded anew with copy launches at its next call, and
-        this call runs uncaptured (False)."""
-        try:
-            self._runtime.feed(entry.graph, entry.fed_getter(args))
-        except FeedError as exc:
-            log.warning(
-                "airgraph: graph %d: pointing its input copies at the call's tensors failed (%s); it is recorded "
-                "again with the copies launched before each replay",
-                self._report.id,
-                exc,
-            )
-            self._feed = False
-            self._drop(entry)
-            entry.state, entry.warmups = CaptureState.WARMUP, self._warmup_iters - 1
-            return False
-        return True
+    def _unfed(self, entry: _Key, args: list, exc: FeedError) -> Any:
+        """The runtime failed to point the key's graph at this call's inputs (a CUDA error): this call runs
+        uncaptured, and the key is recorded again at its next call, with copy launches (no fed graph from now on)."""
+        log.warning(
+            "airgraph: graph %d: pointing its input copies at the call's tensors failed (%s); it is recorded again "
+            "with the copies launched before each replay",
+            self._report.id,
+            exc,
+        )
+        self._feed = False
+        self._drop(entry)
+        entry.state, entry.warmups = CaptureState.WARMUP, self._warmup_iters - 1
+        entry.recaptures += 1
+        return self._warmup(args)
 
     def _follow(self, stream_id: Any) -> None:
         """The caller's stream is not the last replay's on this device: it waits for that one first (graphs share

@@ -341,7 +341,7 @@ class CudaRuntime:
             outputs = record(recording, run, args)
         if not fed:
             return recording.graph, outputs
-        return feeding.FedGraph(recording.graph, buffers, [s for _, s in fed]), outputs
+        return feeding.FedGraph(recording.graph, buffers, [s for _, s in fed], index), outputs
 
     def feed(self, graph: feeding.FedGraph, sources: Sequence[torch.Tensor]) -> None:
         graph.feed(sources)

@@ -22,13 +22,14 @@ at no extra cost):
 
 **What a skipped guard would have caught, caught cheaply** (each one tested):
 
-- a new shape, stride, dtype, device or type (a tensor subclass) of any tensor argument, or another value of a
-  non-tensor argument (int, float, bool, str, None), or another argument structure: another signature, learned
-  anew. A call of plain tensors only is first matched against the last guarded route taken: the same flags
-  (below) and tensors that pass that route's TensorGuards (Dynamo's C++ check of type, dtype, device, sizes,
-  strides, requires_grad and dispatch keys, made from the learning call's tensors before it ran): such a call has
-  that route's signature, found without computing it. A learning call that changed its signature (the forward
-  ran ``x.requires_grad_()``, which no version counts) is refused;
+- a new shape, stride, dtype, device, type (a tensor subclass) or conjugate or negative bit of any tensor argument (a
+  view whose value is not its bytes: a graph reading its memory in place, or copying its bytes, would read the
+  unconjugated values), or another value of a non-tensor argument (int, float, bool, str, None), or another
+  argument structure: another signature, learned anew. A call of plain tensors only is first matched against the
+  last guarded route taken: the same flags (below) and tensors that pass that route's TensorGuards (Dynamo's C++
+  check of type, dtype, device, sizes, strides, requires_grad and dispatch keys, made from the learning call's
+  tensors before it ran): such a call has that route's signature, found without computing it. A learning call
+  that changed its signature (the forward ran ``x.requires_grad_()``, which no version counts) is refused;
 - grad mode or inference mode switched, or the model put in training or eval mode (``model.train()``,
   ``model.eval()``: the model's own ``training`` flag): part of the signature;
 - the rest of the global state Dynamo guards on (autocast, the default dtype, TF32 and reduced-precision matmul
@@ -148,7 +149,19 @@ def _signature(args: tuple, kwargs: dict, training: bool | None) -> tuple | None
     add = parts.append
     for value in (*args, *kwargs.values()) if kwargs else args:
         if isinstance(value, _Tensor):
-            add((type(value), value.dtype, value.shape, value.stride(), value.device, value.requires_grad))
+            # (the conjugate and negative bits: a view whose value is not its bytes, which Dynamo's guards tell apart)
+            add(
+                (
+                    type(value),
+                    value.dtype,
+                    value.shape,
+                    value.stride(),
+                    value.device,
+                    value.requires_grad,
+                    value.is_conj(),
+                    value.is_neg(),
+                )
+            )
         elif isinstance(value, _SCALARS):
             add((type(value), value))
         else:

@@ -33,10 +33,15 @@ class FeedError(RuntimeError):
 
 @functools.cache
 def bindings() -> ModuleType | None:
-    """``cuda.bindings.runtime``, or None where it is not installed."""
+    """``cuda.bindings.runtime`` where it is installed and its runtime works, else None. Probed once (asked when a
+    GraphCapture is made, outside any capture): its first call initializes the bindings' own CUDA runtime, which
+    must not happen inside a stream capture, and a runtime that cannot start (no driver) is found once, not by
+    every recording."""
     try:
         from cuda.bindings import runtime
     except ImportError:
+        return None
+    if runtime.cudaGetDevice()[0] != runtime.cudaError_t.cudaSuccess:
         return None
     return runtime
 
@@ -57,7 +62,8 @@ def copies_first(fn: Callable[[list], Any], fed: Sequence[tuple[torch.Tensor, to
     kind = cudart.cudaMemcpyKind.cudaMemcpyDeviceToDevice
 
     def run(args: list) -> Any:
-        _ok(cudart.cudaSetDevice(torch.cuda.current_device()), "cudaSetDevice")  # the bindings' current device: torch's
+        # The bindings' runtime keeps a current device of its own: torch's, the capture's
+        _ok(cudart.cudaSetDevice(torch.cuda.current_device()), "cudaSetDevice")
         stream = cudart.cudaStream_t(init_value=torch.cuda.current_stream().cuda_stream)
         for buffer, source in fed:
             copy = cudart.cudaMemcpyAsync(buffer.data_ptr(), source.data_ptr(), buffer.nbytes, kind, stream)
@@ -69,12 +75,17 @@ def copies_first(fn: Callable[[list], Any], fed: Sequence[tuple[torch.Tensor, to
 
 class FedGraph:
     """A ``torch.cuda.CUDAGraph`` recorded with ``keep_graph=True`` (its node handles must outlive the instantiation)
-    whose first nodes copy ``sources`` into ``buffers`` (:func:`copies_first`): instantiated, its memcpy nodes found.
-    :meth:`feed` points them at a call's tensors; :meth:`replay` launches it."""
+    whose first nodes copy ``sources`` into ``buffers`` (:func:`copies_first`) on device ``index``: instantiated, its
+    memcpy nodes found. :meth:`feed` points them at a call's tensors; :meth:`replay` launches it."""
 
-    def __init__(self, graph: torch.cuda.CUDAGraph, buffers: Sequence[torch.Tensor], sources: Sequence[torch.Tensor]):
+    def __init__(
+        self, graph: torch.cuda.CUDAGraph, buffers: Sequence[torch.Tensor], sources: Sequence[torch.Tensor], index: int
+    ) -> None:
         cudart = bindings()
         assert cudart is not None
+        # An update runs in the bindings' current context: with several devices, set to the graph's before each one
+        self._device = index if torch.cuda.device_count() > 1 else None
+        self._set_device = cudart.cudaSetDevice
         graph.instantiate()
         self.graph = graph
         self._set = cudart.cudaGraphExecMemcpyNodeSetParams1D
@@ -90,6 +101,8 @@ class FedGraph:
 
     def feed(self, sources: Sequence[torch.Tensor]) -> None:
         """The next replays copy from ``sources`` (one per fed buffer, in order)."""
+        if self._device is not None and self._set_device(self._device)[0] != self._success:
+            raise FeedError(f"cudaSetDevice({self._device}) failed")
         for node, source in zip(self._nodes, sources, strict=True):
             ptr = source.data_ptr()
             if ptr != node[3]:

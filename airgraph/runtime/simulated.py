@@ -301,16 +301,24 @@ class SimulatedCuda:
         graph.fed = [(position, weakref.ref(source)) for (position, _), source in zip(graph.fed, sources, strict=True)]
 
     def replay(self, graph: SimGraph, recorded: list, args: list) -> None:
-        """The fed buffers' copies first (the graph's first nodes), then the graph."""
+        """The fed buffers' copies first (the graph's first nodes: copies of the sources' bytes), then the graph."""
         for position, source in graph.fed:
-            tensor = source()
+            tensor, buffer = source(), recorded[position]
             if tensor is None:  # CUDA would copy whatever that memory holds now
                 self.problems.append(
                     f"a replay's in-graph input copy into buffer {position} reads a tensor freed since it was fed "
                     "(feed the replay's own inputs before each replay)"
                 )
                 continue
-            self.copy_(recorded[position], tensor)
+            fed_as = (tuple(tensor.shape), tensor.stride(), tensor.dtype)
+            buffer_as = (tuple(buffer.shape), buffer.stride(), buffer.dtype)
+            if fed_as != buffer_as or not tensor.is_contiguous() or tensor.is_conj() or tensor.is_neg():
+                self.problems.append(
+                    f"a replay's in-graph input copy into buffer {position} is fed a tensor whose bytes are not its "
+                    f"value laid out as the buffer's ({fed_as}, conjugate {tensor.is_conj()}, negative "
+                    f"{tensor.is_neg()}; the buffer: {buffer_as}): CUDA's memcpy node copies the bytes as they are"
+                )
+            self.copy_(buffer, tensor)
         graph.replay([args[i] if a is BORROWED else a for i, a in enumerate(recorded)])
 
     def capture_refusal(self, device: Any) -> str | None:

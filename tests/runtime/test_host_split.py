@@ -72,14 +72,19 @@ def test_seed_fragment_runs_its_host_work_once_per_key_around_the_replays(scalar
         assert entry.state is CaptureState.CAPTURED and entry.replays == 2
 
 
-def test_dynamic_tiny_llama_decode_is_captured_with_per_call_transfers(captures):
+@pytest.mark.parametrize("input_copies", ["launch", "in-graph"])
+def test_dynamic_tiny_llama_decode_is_captured_with_per_call_transfers(captures, input_copies):
     """Dynamic positions: Dynamo passes the model's float constants as CPU scalars, which host placement sends to
     the device; in reduce-overhead they are per-call host values copied into the graph's buffers before each
-    replay, and the positions (a device input) are copied into their static buffer."""
+    replay, and the positions (a device input) are copied into their static buffer (or, with in-graph input
+    copies, by the graph itself: the host values' transfers stay as they are)."""
     sim = SimulatedCuda()
     model = sim.to_device(build_tiny_llama("micro", seed=0))
     reference = build_tiny_llama("micro", seed=0)
-    compiled, backend = compile_with(model, runtime=sim, mode="reduce-overhead", kernel_backend="aten", dynamic=True)
+    options = {"reduce_overhead.input_copies": input_copies}
+    compiled, backend = compile_with(
+        model, runtime=sim, mode="reduce-overhead", kernel_backend="aten", dynamic=True, **options
+    )
     with torch.no_grad():
         for step in range(6):
             tokens, pos = sim.to_device(*decode_inputs(model.config, 1, 4 + step, seed=step))
@@ -92,6 +97,7 @@ def test_dynamic_tiny_llama_decode_is_captured_with_per_call_transfers(captures)
     assert report.host_prologue["per_call"] and report.host_prologue["transfers"]
     ((entry,),) = [c._keys.values() for c in captures]
     assert entry.replays == 5 and entry.refill and not any(t.static for _, t in entry.refill)
+    assert bool(entry.fed) == (input_copies == "in-graph") and bool(entry.batches) != bool(entry.fed)
 
 
 def test_host_work_runs_once_per_call_and_static_work_once_per_key(captures, monkeypatch):

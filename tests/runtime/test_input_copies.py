@@ -122,14 +122,18 @@ def test_a_graph_that_cannot_record_its_input_copies_launches_them_instead(monke
     capture = SimulatedCuda.capture
 
     def refuse(self, fn, args, **kw):
-        if kw.get("fed"):
+        """A recording whose input copies fail inside the capture (as cudaMemcpyAsync's error would, in the
+        bindings' copies before the function)."""
+
+        def copies_fail(values):
             raise feeding.FeedError("cudaMemcpyAsync failed: <cudaError_t.cudaErrorNotSupported: 801>")
-        return capture(self, fn, args, **kw)
+
+        return capture(self, copies_fail if kw.get("fed") else fn, args, **kw)
 
     monkeypatch.setattr(SimulatedCuda, "capture", refuse)
-    model = Step().eval()
+    model, sim = Step().eval(), SimulatedCuda()
     config = make_config(mode="reduce-overhead", kernel_backend="aten", **IN_GRAPH)
-    backend = AirgraphBackend(config, runtime=SimulatedCuda())
+    backend = AirgraphBackend(config, runtime=sim)
     step = torch.compile(model, backend=backend)
     with caplog.at_level(logging.WARNING, logger="airgraph"), torch.no_grad():
         for _ in range(4):
@@ -139,6 +143,8 @@ def test_a_graph_that_cannot_record_its_input_copies_launches_them_instead(monke
     assert not feeds and launches == [1] * 3
     (report,) = backend.reports
     assert report.captured and report.uncaptured_reason is None
+    # the failed recording was cleaned up (record()), its pool spent and replaced: the retry recorded into a new one
+    assert not sim.capturing and not sim.allocator.recording and not sim.generator.capturing
 
 
 def test_the_simulator_finds_a_replay_reading_a_source_freed_since_it_was_fed():
@@ -165,6 +171,15 @@ def test_the_option_names_its_values():
         make_config(**{"reduce_overhead.input_copies": "graph"})
 
 
+def test_cuda_cannot_feed_a_graph_without_a_cuda_runtime_the_bindings_can_start():
+    """No driver here: the bindings (installed with torch's CUDA wheels, absent from its CPU wheels) are probed once,
+    and CUDA's graphs then launch their copies."""
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    feeding.bindings.cache_clear()
+    assert CudaRuntime().can_feed is False
+
+
 # -- on a GPU ---------------------------------------------------------------------------------------------------
 
 
@@ -188,9 +203,16 @@ def test_cuda_graphs_copy_each_calls_inputs_in_the_graph(monkeypatch, captures, 
         for _ in range(3):
             step(torch.randn(64, 256, device="cuda"))
         inputs = [torch.randn(64, 256, device="cuda") for _ in range(12)]
+        torch.cuda._sleep(100_000_000)  # the GPU kept busy: the replays below queue behind each other
         outputs = [step(x) for x in inputs]
+        # One tensor refilled in place before each call: its address is the one set last, the node is not updated
+        same, kept = torch.empty(64, 256, device="cuda"), []
+        torch.cuda._sleep(100_000_000)
+        for x in inputs[:4]:
+            same.copy_(x)
+            kept.append(step(same))
         torch.cuda.synchronize()
-        for x, y in zip(inputs, outputs, strict=True):
+        for x, y in zip([*inputs, *inputs[:4]], [*outputs, *kept], strict=True):
             assert_close(y, model(x))
     assert not launches
     (capture,) = captures
@@ -250,5 +272,77 @@ def test_a_graph_whose_copies_cannot_be_pointed_at_a_calls_tensors_is_recorded_a
     assert len(failures) == 3 and launches  # fed twice, failed once, then copies launched
     (capture,) = captures
     (entry,) = capture._keys.values()
-    assert not entry.fed and entry.batches and entry.recaptures == 0 and capture._report.capture_keys == 2
+    assert not entry.fed and entry.batches and entry.recaptures == 1  # one shape key, recorded twice
+    assert capture._report.capture_keys == 1 and capture._report.recaptures == 1
     assert not sim.problems
+
+
+class ComplexStep(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.w = nn.Parameter(torch.randn(8, 8, dtype=torch.complex64), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.w
+
+
+@pytest.mark.parametrize("bit", ["conjugate", "negative"])
+def test_a_conjugate_or_negative_view_is_never_fed_as_its_bytes(bit):
+    """A view whose value is not its bytes (x.conj(), and x.conj().imag's negative bit) in place of a plain tensor:
+    on the fast path a call of another signature (Dynamo's guards, which compare dispatch keys, would recompile
+    it), never the route whose graph would copy the view's bytes as they are."""
+    model, sim = (ComplexStep() if bit == "conjugate" else Step(8)).eval(), SimulatedCuda()
+    config = make_config(mode="reduce-overhead", kernel_backend="aten", **IN_GRAPH)
+    step = airgraph.compile(model, config, fast_path=True, runtime=sim)
+    dtype = torch.complex64 if bit == "conjugate" else torch.float32
+    with torch.no_grad():
+        for _ in range(5):
+            x = torch.randn(4, 8, dtype=dtype)
+            assert_close(step(x), model(x))
+        for _ in range(3):
+            y = torch.randn(4, 8, dtype=dtype)
+            y = y.conj() if bit == "conjugate" else torch._neg_view(y)
+            assert y.is_conj() or y.is_neg()
+            assert_close(step(y), model(y.resolve_conj().resolve_neg()))
+    assert not sim.problems, sim.problems
+
+
+def test_a_fed_input_the_graph_mutates_is_copied_back(counted, captures):
+    """An input the graph writes in place: fed into its buffer by the graph, written there, copied back to the
+    caller's tensor after the replay (as with a copy launch)."""
+    feeds, _ = counted
+
+    def fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        x.mul_(2)
+        return x + y
+
+    config = make_config(mode="reduce-overhead", kernel_backend="aten", **IN_GRAPH)
+    compiled = torch.compile(fn, backend=AirgraphBackend(config, runtime=SimulatedCuda()))
+    for _ in range(4):
+        x, y = torch.randn(8), torch.randn(8)
+        want_x, want = x * 2, x * 2 + y
+        assert_close(compiled(x, y), want)
+        assert_close(x, want_x)
+    (capture,) = captures
+    (entry,) = capture._keys.values()
+    assert len(entry.fed) == 2 and len(entry.copy_back) == 1 and feeds == [2] * 3
+
+
+def test_without_the_bindings_inputs_are_copied_by_a_launch_with_one_warning(monkeypatch, caplog, counted):
+    from airgraph.runtime import capture
+
+    feeds, launches = counted
+    monkeypatch.setattr(SimulatedCuda, "can_feed", False)  # as CudaRuntime where cuda.bindings is missing
+    monkeypatch.setitem(capture._warned, "unfed", False)
+    model = Step().eval()
+    config = make_config(mode="reduce-overhead", kernel_backend="aten", **IN_GRAPH)
+    with caplog.at_level(logging.WARNING, logger="airgraph"), torch.no_grad():
+        for _ in range(2):  # two compilations, two GraphCaptures: one warning
+            step = airgraph.compile(model, config, runtime=SimulatedCuda())
+            for _ in range(3):
+                x = torch.randn(4, 16)
+                assert_close(step(x), model(x))
+            torch._dynamo.reset()
+    assert caplog.text.count("needs NVIDIA's cuda.bindings") == 1
+    assert not feeds and launches == [1] * 4
