@@ -181,16 +181,7 @@ def launch_floor_us(preset: str, bursts: int = 20, calls: int = 20, device: str 
             "input copies": copy,
             "input copies + graph replay": copy_and_replay,
         }
-        samples: dict[str, list[float]] = {name: [] for name in fns}
-        for _ in range(bursts):
-            for name, fn in fns.items():
-                sync()
-                start = time.perf_counter()
-                for _ in range(calls):
-                    fn()
-                samples[name].append((time.perf_counter() - start) / calls * 1e6)
-        sync()
-    floor = {name: round(statistics.median(values), 2) for name, values in samples.items()}
+        floor = _interleaved_us(fns, bursts, calls, sync)
     floor["airgraph above the floor"] = round(floor["fast-path call"] - floor["input copies + graph replay"], 2)
     return floor
 
@@ -290,15 +281,7 @@ def input_copy_mechanisms(preset: str, bursts: int = 20, calls: int = 20, device
             "memcpy-node updates + copy graph + graph replay": update_copy_graph_and_replay,
             "graph replay": graph.replay,
         }
-        samples: dict[str, list[float]] = {name: [] for name in fns}
-        for _ in range(bursts):
-            for name, fn in fns.items():
-                sync()
-                start = time.perf_counter()
-                for _ in range(calls):
-                    fn()
-                samples[name].append((time.perf_counter() - start) / calls * 1e6)
-        result["us_per_call"] = {name: round(statistics.median(values), 2) for name, values in samples.items()}
+        result["us_per_call"] = _interleaved_us(fns, bursts, calls, sync)
         checks = {}
         for name, fn in (("foreach", foreach), ("cudaMemcpyAsync", memcpy_async)):
             fn()
@@ -330,6 +313,21 @@ def input_copy_mechanisms(preset: str, bursts: int = 20, calls: int = 20, device
         # Far less than the six sleeps (``done``): neither an update nor a launch waited for the launches queued
         result["in_flight_issue_ms"], result["in_flight_done_ms"] = round(issued * 1e3, 3), round(done * 1e3, 3)
     return result
+
+
+def _interleaved_us(fns: dict[str, Any], bursts: int, calls: int, sync: Any) -> dict[str, float]:
+    """Per callable, the median us per call over ``bursts`` bursts of ``calls`` calls each, the callables' bursts
+    interleaved, the device synchronized before each burst and after the last."""
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(bursts):
+        for name, fn in fns.items():
+            sync()
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            samples[name].append((time.perf_counter() - start) / calls * 1e6)
+    sync()
+    return {name: round(statistics.median(values), 2) for name, values in samples.items()}
 
 
 def _python_breakdown(profile: cProfile.Profile, calls: int, top: int = 12) -> dict[str, float]:
@@ -389,20 +387,14 @@ def main(argv: list[str] | None = None) -> int:
         result["host_cost"] = host
         write_json(result, args.output)
     result["host_cost"] = host
-    try:
-        result["launch_floor_us"] = launch_floor_us(args.preset)
-        print("launch floor, us per call:", result["launch_floor_us"])
-    except Exception as error:
-        result["launch_floor_us"] = {"error": f"{type(error).__name__}: {error}"}
-        print(f"launch floor failed: {result['launch_floor_us']['error']}")
-    write_json(result, args.output)
-    try:
-        result["input_copy_mechanisms"] = input_copy_mechanisms(args.preset)
-        print("input copy mechanisms:", result["input_copy_mechanisms"])
-    except Exception as error:
-        result["input_copy_mechanisms"] = {"error": f"{type(error).__name__}: {error}"}
-        print(f"input copy mechanisms failed: {result['input_copy_mechanisms']['error']}")
-    write_json(result, args.output)
+    for field, measure in (("launch_floor_us", launch_floor_us), ("input_copy_mechanisms", input_copy_mechanisms)):
+        try:
+            result[field] = measure(args.preset)
+            print(f"{field}:", result[field])
+        except Exception as error:  # (the figures above are kept whatever this one does)
+            result[field] = {"error": f"{type(error).__name__}: {error}"}
+            print(f"{field} failed: {result[field]['error']}")
+        write_json(result, args.output)
     return 0
 
 

@@ -24,6 +24,18 @@ TOLERANCES = {
 }
 
 
+class Step(torch.nn.Module):
+    """A small residual MLP step (seeded weights): the model the fast path's and the input copies' tests call."""
+
+    def __init__(self, d: int = 16) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.up, self.down = torch.nn.Linear(d, 2 * d), torch.nn.Linear(2 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(torch.relu(self.up(x)))
+
+
 def make_config(**options: Any) -> airgraph.CompilerConfig:
     """A config from flat options; dotted names reach groups: make_config(**{"debug.run_eagerly": True})."""
     config = airgraph.CompilerConfig()

@@ -11,7 +11,7 @@ from torch import nn
 import airgraph
 from airgraph.runtime import fastpath
 from airgraph.runtime.simulated import SimulatedCuda
-from tests.helpers import assert_close, make_config, top_level_ops
+from tests.helpers import Step, assert_close, make_config, top_level_ops
 
 
 @pytest.fixture(autouse=True, params=["last route by guards", "signatures only"])
@@ -21,16 +21,6 @@ def matching(request, monkeypatch):
     if request.param == "signatures only":
         monkeypatch.setattr(fastpath, "_TensorGuards", None)
     return request.param
-
-
-class Step(nn.Module):
-    def __init__(self, d: int = 16) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.up, self.down = nn.Linear(d, 2 * d), nn.Linear(2 * d, d)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.down(torch.relu(self.up(x)))
 
 
 def fast_compile(model, **options):

@@ -16,19 +16,9 @@ from airgraph.backend import AirgraphBackend
 from airgraph.runtime import feeding
 from airgraph.runtime.device import CudaRuntime
 from airgraph.runtime.simulated import SimulatedCuda, SimulatedCudaError
-from tests.helpers import assert_close, make_config
+from tests.helpers import Step, assert_close, make_config
 
 IN_GRAPH = {"reduce_overhead.input_copies": "in-graph"}
-
-
-class Step(nn.Module):
-    def __init__(self, d: int = 16) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.up, self.down = nn.Linear(d, 2 * d), nn.Linear(2 * d, d)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.down(torch.relu(self.up(x)))
 
 
 @pytest.fixture
