@@ -537,7 +537,7 @@ class GraphCapture:
                     **({"fed": fed} if fed else {}),
                 )
                 break
-            except Exception as exc:  # capture refused an op: run this key uncaptured from now on
+            except Exception as exc:  # the input copies refused: again without them; else this key runs uncaptured
                 if isinstance(exc, CaptureError) and exc.pool_spent:
                     self._pool.retire(self.device)
                 if fed and (isinstance(exc, FeedError) or isinstance(exc.__cause__, FeedError)):
