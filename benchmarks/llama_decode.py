@@ -79,8 +79,8 @@ def _copies(variant: str) -> Iterator[None]:
         for dst, src in zip(dsts, srcs, strict=True):
             dst.copy_(src)
 
-    batched = CudaRuntime.copy_many
-    CudaRuntime.copy_many = one_by_one  # type: ignore[method-assign]
+    batched = CudaRuntime.__dict__["copy_many"]  # (as defined: a staticmethod)
+    CudaRuntime.copy_many = one_by_one  # type: ignore[method-assign,assignment]
     try:
         yield
     finally:

@@ -343,8 +343,8 @@ class CudaRuntime:
             return recording.graph, outputs
         return feeding.FedGraph(recording.graph, buffers, [s for _, s in fed], index), outputs
 
-    def feed(self, graph: feeding.FedGraph, sources: Sequence[torch.Tensor]) -> None:
-        graph.feed(sources)
+    # (the graph's own method, called as runtime.feed(graph, sources): no frame of the runtime's in a replay)
+    feed = staticmethod(feeding.FedGraph.feed)
 
     def replay(self, graph: torch.cuda.CUDAGraph, recorded: list, args: list) -> None:
         graph.replay()  # the recorded addresses: nothing to bind
@@ -378,8 +378,8 @@ class CudaRuntime:
     def copy_(self, dst: torch.Tensor, src: torch.Tensor, *, non_blocking: bool = False) -> None:
         dst.copy_(src, non_blocking=non_blocking)
 
-    def copy_many(self, dsts: Sequence[torch.Tensor], srcs: Sequence[torch.Tensor]) -> None:
-        torch._foreach_copy_(dsts, srcs)
+    # torch's own foreach copy, called as runtime.copy_many(dsts, srcs): no frame of the runtime's in a replay
+    copy_many = staticmethod(torch._foreach_copy_)
 
     def run_op(self, op: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return op(*args, **kwargs)
