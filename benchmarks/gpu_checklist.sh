@@ -2,13 +2,15 @@
 # Everything a GPU session runs, in one device call: the CUDA tests, then the GPU benchmarks, each writing its
 # benchmarks/results/*_cuda.json.
 #
-#   bash benchmarks/gpu_checklist.sh [OUT] [quick|tests|bench|all]
+#   bash benchmarks/gpu_checklist.sh [OUT] [quick|tests|bench|all|followup]
 #
 # quick (the default) fits a 15-minute lease with a minute or two to start the machine: one call of about 9 minutes
 # (the CUDA tests, the decode benchmarks on both presets, HF generate at batch 1), run with the device tool's
 # timeout_s=600; BUDGET (seconds, default 560) is when quick mode must be done: HF generate gets what is left, and
 # is skipped with under 90 s. all adds the rest of the suite, the multistream and host-placement benchmarks and HF
-# generate at batch 8 (about 30 minutes: several calls, `tests` then `bench`).
+# generate at batch 8 (about 30 minutes: several calls, `tests` then `bench`). followup, a second call after quick
+# on the same lease: HF generate at batch 8, then at batch 1 with in-graph input copies beside airgraph's default
+# and torch.compile reduce-overhead (hf_generate_batch8_cuda.json, hf_generate_in_graph_cuda.json), in BUDGET.
 #
 # The device tool returns at most 8 files from OUT, and nothing written after it kills a call: after every step the
 # logs and the result files written so far are packed again into OUT/gpu-run.tgz, and OUT/summary.txt (also
@@ -53,6 +55,20 @@ fi
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; $py -c "import torch; print(torch.__version__, torch.version.cuda)"; git rev-parse HEAD; } >"$logs/machine.txt" 2>&1
 pack
 
+if [[ "$what" == followup ]]; then
+    step hf_generate-batch8 $((budget / 2)) $py benchmarks/hf_generate.py --device cuda --preset gpu --accept-ties \
+        --batches 8 --output benchmarks/results/hf_generate_batch8_cuda.json
+    left=$((budget - ($(date +%s) - start)))
+    if ((left >= 90)); then
+        step hf_generate-in-graph "$left" $py benchmarks/hf_generate.py --device cuda --preset gpu --accept-ties \
+            --batches 1 --output benchmarks/results/hf_generate_in_graph_cuda.json \
+            --variants "torch.compile reduce-overhead,airgraph reduce-overhead,airgraph in-graph input copies"
+    else
+        echo "hf_generate-in-graph skipped: ${left} s left of the ${budget} s budget" | tee -a "$out/summary.txt"
+    fi
+    pack
+    exit 0
+fi
 if [[ "$what" != bench ]]; then
     step test-cuda 200 $py -m pytest -q -n 8 -m cuda -p no:cacheprovider -rfE --tb=short
     [[ "$what" == quick ]] || step test-not-cuda 900 $py -m pytest -q -n 12 -m "not cuda" -p no:cacheprovider -rfE
