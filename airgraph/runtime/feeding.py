@@ -107,11 +107,8 @@ class FedGraph:
             ptr = source.data_ptr()
             if ptr != node[3]:
                 (error,) = self._set(self._exec, node[0], node[1], ptr, node[2], self._kind)
-                if error != self._success:
-                    raise FeedError(
-                        f"airgraph: pointing a graph's input copy at the call's tensor failed ({error!r}); set "
-                        "config.reduce_overhead.input_copies = 'launch' to copy inputs with a launch instead"
-                    )
+                if error != self._success:  # (GraphCapture records the graph again, with copy launches)
+                    raise FeedError(f"cudaGraphExecMemcpyNodeSetParams1D failed: {error!r}")
                 node[3] = ptr
 
     def replay(self) -> None:
