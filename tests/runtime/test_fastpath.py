@@ -400,7 +400,9 @@ def test_a_nested_result_keeps_its_structure():
         (a, b), c = fast(x)
         (want_a, want_b), want_c = model(x)
     assert fast.fast_calls == calls + 1
-    assert_close(a, want_a) and assert_close(b, want_b) and assert_close(c, want_c)
+    assert_close(a, want_a)
+    assert_close(b, want_b)
+    assert_close(c, want_c)
 
 
 def test_an_input_buffer_marked_static_is_read_in_place_without_an_input_copy(monkeypatch, matching):

@@ -54,7 +54,8 @@ def tuned_on_simulator(model, x, config) -> AirgraphBackend:
     backend, first, second, _ = run_tuned(model, x, config, SimulatedCuda())
     with torch.no_grad():
         expected = model(x)
-    assert_close(first, expected) and assert_close(second, expected)
+    assert_close(first, expected)
+    assert_close(second, expected)
     return backend
 
 
@@ -126,7 +127,8 @@ def test_subgraph_tuning_adds_a_faster_backend_that_later_compiles_use(tmp_path,
     backend, first, second, events = run_tuned(model, x, config, SimulatedCuda())
     with torch.no_grad():
         expected = model(x)
-    assert_close(first, expected) and assert_close(second, expected)
+    assert_close(first, expected)
+    assert_close(second, expected)
     (task,) = backend.tuner.report.tasks
     (outcome,) = task.outcomes
     assert (outcome.status, outcome.tune_mode) == ("add", "Subgraph") and outcome.choice.startswith("inductor")
