@@ -74,7 +74,8 @@ def test_operator_tuning_on_the_cost_model_keeps_the_defaults_and_remembers(tmp_
     config = tuning_config(tmp_path, "op", kernel_backend="aten", **{"tuning.budget_s": 0.2})
     backend, first, second, events = run_tuned(model, x, config, SimulatedCuda())
     with torch.no_grad():
-        assert_close(first, model(x)) and assert_close(second, model(x))
+        assert_close(first, model(x))
+        assert_close(second, model(x))
     report = backend.tuner.report
     (task,) = report.tasks
     # Prepacked weights cost what ATen's GEMM costs in the cost model (one op, same bytes): nothing beats it.
@@ -172,7 +173,8 @@ def test_operator_tuning_on_this_cpu_is_consistent_and_reused(tmp_path, model_an
     config = tuning_config(tmp_path, "op", kernel_backend="aten", **{"tuning.ops": "linear", "tuning.budget_s": 1.0})
     backend, first, second, _ = run_tuned(model, x, config)
     with torch.no_grad():
-        assert_close(first, model(x)) and assert_close(second, model(x))
+        assert_close(first, model(x))
+        assert_close(second, model(x))
     (task,) = backend.tuner.report.tasks
     validate(json.loads(backend.tuner.report.path.read_text()), "op")
     added = [o for o in task.outcomes if o.status == "add"]
@@ -430,7 +432,8 @@ def test_tuning_measures_outside_the_first_calls_dispatch_modes(tmp_path, model_
     config = tuning_config(tmp_path, "op", kernel_backend="aten", **{"tuning.budget_s": 0.2})
     backend, first, second, _ = run_tuned(model, x, config)
     with torch.no_grad():
-        assert_close(first, model(x)) and assert_close(second, model(x))
+        assert_close(first, model(x))
+        assert_close(second, model(x))
     assert backend.tuner.report.tasks[0].outcomes and modes
     assert all(stack == [] for stack in modes), {type(m).__name__ for stack in modes for m in stack}
 
