@@ -54,8 +54,8 @@ class NullReplay(SimulatedCuda):
 
     can_feed = False
 
-    def capture(self, fn: Any, args: list, *, pool: Any, stream: Any, device: Any) -> tuple:
-        return _NullGraph(), fn(list(args))
+    def capture(self, fn: Any, args: list, *, pool: Any, stream: Any, device: Any, fed: Any = ()) -> tuple:
+        return _NullGraph(), fn(list(args))  # (fed: always empty, as it cannot feed)
 
     def copy_(self, dst: torch.Tensor, src: torch.Tensor, *, non_blocking: bool = False) -> None:  # no race checks
         dst.copy_(src)

@@ -388,11 +388,9 @@ class GraphCapture:
             if self._static_moved(args, entry):
                 self._moved |= {i for i in entry.static_checked if i not in self._static_set and _moved(args, entry, i)}
                 log.info("airgraph: graph %d: a parameter or buffer moved; re-capturing", self._report.id)
-                entry.recaptures += 1
                 paid = entry.replays - entry.replays_at_record >= PAID_REPLAYS
                 entry.quick_moves = 0 if paid else entry.quick_moves + 1
-                self._drop(entry)
-                entry.state, entry.warmups = CaptureState.WARMUP, self._warmup_iters - 1
+                self._record_again(entry)
                 if entry.quick_moves > MAX_RECAPTURES:  # they move every call: recording would cost every call
                     entry.state = CaptureState.UNCAPTURED
                     reason = (
@@ -534,7 +532,7 @@ class GraphCapture:
                     pool=self._pool.handle(self.device),
                     stream=self._pool.stream(self.device),
                     device=self.device,
-                    **({"fed": fed} if fed else {}),
+                    fed=fed,
                 )
                 break
             except Exception as exc:  # the input copies refused: again without them; else this key runs uncaptured
@@ -688,10 +686,14 @@ class GraphCapture:
             exc,
         )
         self._feed = False
+        self._record_again(entry)
+        return self._warmup(args)
+
+    def _record_again(self, entry: _Key) -> None:
+        """Drop the key's graph; its next call records it again (a re-recording, counted in ``recaptures``)."""
+        entry.recaptures += 1
         self._drop(entry)
         entry.state, entry.warmups = CaptureState.WARMUP, self._warmup_iters - 1
-        entry.recaptures += 1
-        return self._warmup(args)
 
     def _follow(self, stream_id: Any) -> None:
         """The caller's stream is not the last replay's on this device: it waits for that one first (graphs share
