@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from replay_host_cost import capture_and_key
+from replay_host_cost import capture_and_key, per_call_us
 
 import airgraph
 from airgraph.bench.decode import print_results, run_bench
@@ -316,18 +316,10 @@ def input_copy_mechanisms(preset: str, bursts: int = 20, calls: int = 20, device
 
 
 def _interleaved_us(fns: dict[str, Any], bursts: int, calls: int, sync: Any) -> dict[str, float]:
-    """Per callable, the median us per call over ``bursts`` bursts of ``calls`` calls each, the callables' bursts
-    interleaved, the device synchronized before each burst and after the last."""
-    samples: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(bursts):
-        for name, fn in fns.items():
-            sync()
-            start = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            samples[name].append((time.perf_counter() - start) / calls * 1e6)
+    """replay_host_cost's per_call_us on a device: synchronized before each burst and after the last, rounded."""
+    medians = per_call_us(fns, (), calls, bursts, sync)
     sync()
-    return {name: round(statistics.median(values), 2) for name, values in samples.items()}
+    return {name: round(value, 2) for name, value in medians.items()}
 
 
 def _python_breakdown(profile: cProfile.Profile, calls: int, top: int = 12) -> dict[str, float]:

@@ -88,10 +88,15 @@ def _floor_backend(gm: torch.fx.GraphModule, example_inputs: list) -> Any:
     )
 
 
-def _per_call_us(fns: dict[str, Any], args: tuple, calls: int, rounds: int) -> dict[str, float]:
+def per_call_us(
+    fns: dict[str, Any], args: tuple, calls: int, rounds: int, sync: Any = lambda: None
+) -> dict[str, float]:
+    """Per callable, the median us per call of ``fn(*args)`` over ``rounds`` bursts of ``calls`` calls, the
+    callables' bursts interleaved; ``sync`` (a device's synchronize) runs before each burst, outside its time."""
     samples: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
+            sync()
             start = time.perf_counter()
             for _ in range(calls):
                 fn(*args)
@@ -165,7 +170,7 @@ def run(preset: str, calls: int, rounds: int) -> dict[str, Any]:
             "airgraph_fast_path": fast,
             "airgraph_fast_path_static_inputs": lambda *_: fast_static(*static_inputs),
         }
-        times = _per_call_us(variants, (tokens, pos), calls, rounds)
+        times = per_call_us(variants, (tokens, pos), calls, rounds)
         check_us = _address_check_us(fast, tokens, pos, calls)
         alone_us = statistics.median(_capture_alone_us(fast, tokens, pos, calls) for _ in range(rounds))
     times = {name: round(value, 2) for name, value in times.items()}
