@@ -273,7 +273,7 @@ class SimulatedCuda:
             with self.use(stream):
                 graph.outputs = record(graph, recorded, list(args))
             graph.hold(args)
-            graph.fed = [(position, weakref.ref(source)) for position, source in fed]
+            graph.fed = [(position, weakref.ref(source), source.data_ptr()) for position, source in fed]
         finally:
             torch.set_rng_state(rng)
             with torch.no_grad():
@@ -298,11 +298,14 @@ class SimulatedCuda:
     def feed(self, graph: SimGraph, sources: Sequence[torch.Tensor]) -> None:
         if len(sources) != len(graph.fed):
             raise SimulatedCudaError(f"feed: {len(sources)} sources for {len(graph.fed)} fed buffers")
-        graph.fed = [(position, weakref.ref(source)) for (position, _), source in zip(graph.fed, sources, strict=True)]
+        graph.fed = [
+            (position, weakref.ref(source), source.data_ptr())
+            for (position, *_), source in zip(graph.fed, sources, strict=True)
+        ]
 
     def replay(self, graph: SimGraph, recorded: list, args: list) -> None:
         """The fed buffers' copies first (the graph's first nodes: copies of the sources' bytes), then the graph."""
-        for position, source in graph.fed:
+        for position, source, address in graph.fed:
             tensor, buffer = source(), recorded[position]
             if tensor is None:  # CUDA would copy whatever that memory holds now
                 self.problems.append(
@@ -310,6 +313,11 @@ class SimulatedCuda:
                     "(feed the replay's own inputs before each replay)"
                 )
                 continue
+            if tensor.data_ptr() != address:  # (set_: CUDA copies from the address it was given, not the tensor)
+                self.problems.append(
+                    f"a replay's in-graph input copy into buffer {position} reads the address it was fed, where the "
+                    "tensor fed is no longer (its memory moved since: feed after whatever moves an input)"
+                )
             fed_as = (tuple(tensor.shape), tensor.stride(), tensor.dtype)
             buffer_as = (tuple(buffer.shape), buffer.stride(), buffer.dtype)
             if fed_as != buffer_as or not tensor.is_contiguous() or tensor.is_conj() or tensor.is_neg():

@@ -18,6 +18,9 @@ from airgraph.runtime.device import CudaRuntime
 from airgraph.runtime.simulated import SimulatedCuda, SimulatedCudaError
 from tests.helpers import Step, assert_close, make_config
 
+# Each test ends with its simulators checked (tests/runtime/conftest.py)
+pytestmark = pytest.mark.usefixtures("checked_simulators")
+
 IN_GRAPH = {"reduce_overhead.input_copies": "in-graph"}
 
 
@@ -153,6 +156,24 @@ def test_the_simulator_finds_a_replay_reading_a_source_freed_since_it_was_fed():
     assert len(sim.problems) == 1 and "reads a tensor freed since it was fed" in sim.problems[0]
     with pytest.raises(SimulatedCudaError, match="2 sources for 1 fed buffers"):
         sim.feed(graph, [torch.ones(4), torch.ones(4)])
+    sim.problems.clear()  # (found, as the test expects: not a problem of the test's)
+
+
+def test_the_simulator_finds_a_replay_reading_a_source_whose_memory_moved_since_it_was_fed():
+    """CUDA's memcpy node copies from the address it was fed: a source moved since (``set_``, as settling a handed
+    output moves it) is not what it copies."""
+    sim = SimulatedCuda()
+    buffer, source = sim.static_buffer(torch.ones(4)), torch.ones(4)
+    graph, _ = sim.capture(
+        lambda a: [a[0] * 2], [buffer], pool=sim.pool_handle(), stream=sim.new_stream(), device=None, fed=[(0, source)]
+    )
+    x = torch.full((4,), 3.0)
+    sim.feed(graph, [x])
+    x.set_(x.untyped_storage().clone(), 0, x.shape, x.stride())  # the same values elsewhere
+    sim.replay(graph, [buffer], [buffer])
+    (problem,) = sim.problems
+    assert "reads the address it was fed, where the tensor fed is no longer" in problem
+    sim.problems.clear()  # (found, as the test expects)
 
 
 def test_the_option_names_its_values():
