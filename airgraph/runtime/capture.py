@@ -522,7 +522,7 @@ class GraphCapture:
             transfers = split.transfers  # the boundary holds their copies first, then the feeds
             entry.refill = [(b, t) for b, t in zip(boundary[: len(transfers)], transfers, strict=True) if not t.static]
             static_args, capture_fn = [*buffers, *boundary], split.device_fn
-        fed = self._fed(args, buffers)
+        fed, refused = self._fed(args, buffers), None
         while True:
             self._runtime.clear_blas_workspaces()  # the recording's GEMMs get their workspace from the pool
             try:
@@ -535,17 +535,11 @@ class GraphCapture:
                     fed=fed,
                 )
                 break
-            except Exception as exc:  # the input copies refused: again without them; else this key runs uncaptured
+            except Exception as exc:  # with in-graph input copies: again without them; else the key runs uncaptured
                 if isinstance(exc, CaptureError) and exc.pool_spent:
                     self._pool.retire(self.device)
-                if fed and (isinstance(exc, FeedError) or isinstance(exc.__cause__, FeedError)):
-                    log.warning(
-                        "airgraph: graph %d: recording its input copies in the graph failed (%s); they are launched "
-                        "before each replay from now on",
-                        self._report.id,
-                        exc,
-                    )
-                    self._feed, fed = False, []
+                if fed:  # (a FeedError, or a capture or instantiation the copies may have broken)
+                    refused, fed = exc, []
                     continue
                 entry.state = CaptureState.UNCAPTURED
                 what = str(exc) if isinstance(exc, CaptureError) else f"{type(exc).__name__}: {exc}"
@@ -555,6 +549,14 @@ class GraphCapture:
                 return
             finally:
                 self._runtime.clear_blas_workspaces()
+        if refused is not None:  # recorded without the copies: they were the trouble
+            log.warning(
+                "airgraph: graph %d: recording its input copies in the graph failed (%s); they are launched before "
+                "each replay from now on",
+                self._report.id,
+                refused,
+            )
+            self._feed = False
         entry.graph, entry.static_args, entry.static_outputs = graph, static_args, static_outputs
         entry.owned = [a for i, a in enumerate(static_args) if i >= len(args) or a is not args[i]]
         entry.static_ptrs = self._static_ptrs(static_args, sorted(static))

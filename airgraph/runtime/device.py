@@ -334,6 +334,8 @@ class CudaRuntime:
         With ``fed``, a :class:`~airgraph.runtime.feeding.FedGraph` whose memcpy nodes come first."""
         index = cuda_index(device)
         torch.cuda.synchronize(index)
+        if fed:
+            feeding.started_on(index)
         recording = _CudaRecording(index, pool, keep_graph=bool(fed))
         buffers = [args[position] for position, _ in fed]
         run = feeding.copies_first(fn, list(zip(buffers, [s for _, s in fed], strict=True))) if fed else fn

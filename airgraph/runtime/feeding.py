@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["FedGraph", "FeedError", "bindings", "copies_first"]
+__all__ = ["FedGraph", "FeedError", "bindings", "copies_first", "started_on"]
 
 
 class FeedError(RuntimeError):
@@ -54,6 +54,17 @@ def _ok(result: tuple, call: str) -> Any:
     return result[1] if len(result) == 2 else result[1:]
 
 
+@functools.cache
+def started_on(index: int) -> None:
+    """Start the bindings' runtime on device ``index``, outside any capture (before a fed graph's first recording
+    there): its first ``cudaSetDevice`` on a device initializes its state on that device's primary context, torch's
+    context. Once per device; raises :class:`FeedError` (not cached) if it fails."""
+    cudart = bindings()
+    assert cudart is not None
+    with torch.cuda.device(index):  # (torch's current device is put back after)
+        _ok(cudart.cudaSetDevice(index), "cudaSetDevice")
+
+
 def copies_first(fn: Callable[[list], Any], fed: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> Callable[[list], Any]:
     """``fn`` preceded by one ``cudaMemcpyAsync`` per (buffer, source) pair on the current stream: recorded inside a
     capture, the graph's first nodes. A memcpy of the buffer's bytes: each source is laid out as its buffer."""
@@ -62,7 +73,8 @@ def copies_first(fn: Callable[[list], Any], fed: Sequence[tuple[torch.Tensor, to
     kind = cudart.cudaMemcpyKind.cudaMemcpyDeviceToDevice
 
     def run(args: list) -> Any:
-        # The bindings' runtime keeps a current device of its own: torch's, the capture's
+        # The bindings' runtime keeps a current device of its own: torch's, the capture's (started there already:
+        # started_on)
         _ok(cudart.cudaSetDevice(torch.cuda.current_device()), "cudaSetDevice")
         stream = cudart.cudaStream_t(init_value=torch.cuda.current_stream().cuda_stream)
         for buffer, source in fed:
@@ -83,9 +95,10 @@ class FedGraph:
     ) -> None:
         cudart = bindings()
         assert cudart is not None
-        # An update runs in the bindings' current context: with several devices, set to the graph's before each one
+        # An update runs in the current context, the thread's current device's (torch's too: one driver context per
+        # device): with several devices, the graph's is made current for it, and the caller's restored after
         self._device = index if torch.cuda.device_count() > 1 else None
-        self._set_device = cudart.cudaSetDevice
+        self._get_device, self._set_device = cudart.cudaGetDevice, cudart.cudaSetDevice
         graph.instantiate()
         self.graph = graph
         self._set = cudart.cudaGraphExecMemcpyNodeSetParams1D
@@ -101,8 +114,23 @@ class FedGraph:
 
     def feed(self, sources: Sequence[torch.Tensor]) -> None:
         """The next replays copy from ``sources`` (one per fed buffer, in order)."""
-        if self._device is not None and self._set_device(self._device)[0] != self._success:
+        if self._device is None:
+            self._point(sources)
+            return
+        error, current = self._get_device()
+        if error != self._success:
+            raise FeedError(f"cudaGetDevice failed: {error!r}")
+        if current == self._device:
+            self._point(sources)
+            return
+        if self._set_device(self._device)[0] != self._success:
             raise FeedError(f"cudaSetDevice({self._device}) failed")
+        try:
+            self._point(sources)
+        finally:
+            self._set_device(current)
+
+    def _point(self, sources: Sequence[torch.Tensor]) -> None:
         for node, source in zip(self._nodes, sources, strict=True):
             ptr = source.data_ptr()
             if ptr != node[3]:

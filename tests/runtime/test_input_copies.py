@@ -108,34 +108,84 @@ def test_a_decode_loop_with_new_token_tensors_makes_eager_tokens(counted):
     assert step.fast_calls > 0
 
 
-def test_a_graph_that_cannot_record_its_input_copies_launches_them_instead(monkeypatch, caplog, counted):
+@pytest.mark.parametrize("failure", ["copies fail in the capture", "no memcpy nodes found", "instantiation fails"])
+def test_a_graph_that_cannot_record_its_input_copies_launches_them_instead(monkeypatch, caplog, counted, failure):
+    """However the recording with in-graph copies fails (a bindings call's error inside the capture; FedGraph finding
+    no memcpy node after it; any other error there, as an instantiation's), the key is recorded again at once with
+    its copies launched, and the graph's later keys too."""
     feeds, launches = counted
     capture = SimulatedCuda.capture
 
     def refuse(self, fn, args, **kw):
-        """A recording whose input copies fail inside the capture (as cudaMemcpyAsync's error would, in the
-        bindings' copies before the function)."""
+        if not kw.get("fed"):
+            return capture(self, fn, args, **kw)
+        if failure == "copies fail in the capture":  # as cudaMemcpyAsync's error would, before the function
 
-        def copies_fail(values):
-            raise feeding.FeedError("cudaMemcpyAsync failed: <cudaError_t.cudaErrorNotSupported: 801>")
+            def copies_fail(values):
+                raise feeding.FeedError("cudaMemcpyAsync failed: <cudaError_t.cudaErrorNotSupported: 801>")
 
-        return capture(self, copies_fail if kw.get("fed") else fn, args, **kw)
+            return capture(self, copies_fail, args, **kw)
+        capture(self, fn, args, **kw)  # recorded; then the graph is refused, as by FedGraph(...)
+        if failure == "no memcpy nodes found":
+            raise feeding.FeedError("the recorded graph has no memcpy node for its fed input buffers [0]")
+        raise RuntimeError("CUDA error: operation not supported (cudaErrorNotSupported)")
 
     monkeypatch.setattr(SimulatedCuda, "capture", refuse)
     model, sim = Step().eval(), SimulatedCuda()
     config = make_config(mode="reduce-overhead", kernel_backend="aten", **IN_GRAPH)
     backend = AirgraphBackend(config, runtime=sim)
-    step = torch.compile(model, backend=backend)
+    step = torch.compile(model, backend=backend, dynamic=True)  # (one graph, a key per batch size)
     with caplog.at_level(logging.WARNING, logger="airgraph"), torch.no_grad():
         for _ in range(4):
             x = torch.randn(4, 16)
             assert_close(step(x), model(x))
-    assert "recording its input copies in the graph failed" in caplog.text and "cudaErrorNotSupported" in caplog.text
-    assert not feeds and launches == [1] * 3
+        for _ in range(3):  # another key: launched from the start
+            x = torch.randn(2, 16)
+            assert_close(step(x), model(x))
+    warned = [
+        r.getMessage() for r in caplog.records if "recording its input copies in the graph failed" in r.getMessage()
+    ]
+    assert (
+        len(warned) == 1 and ("no memcpy node" if failure == "no memcpy nodes found" else "NotSupported") in warned[0]
+    )
+    assert not feeds and launches == [1] * 5  # (three replays of the first key, two of the second)
     (report,) = backend.reports
-    assert report.captured and report.uncaptured_reason is None
-    # the failed recording was cleaned up (record()), its pool spent and replaced: the retry recorded into a new one
-    assert not sim.capturing and not sim.allocator.recording and not sim.generator.capturing
+    assert report.captured and report.uncaptured_reason is None and report.recaptures == 0
+    assert not sim.capturing and not sim.allocator.recording and not sim.generator.capturing  # cleaned up: record()
+
+
+def test_a_graph_that_fails_to_record_without_its_input_copies_too_runs_uncaptured_and_keeps_them(
+    monkeypatch, caplog, counted, captures
+):
+    """A recording that fails with the copies and again without them (the graph itself cannot be captured) says why
+    the key runs uncaptured, and not that the copies failed: the graph's other keys still try them."""
+    feeds, launches = counted
+    capture, tries = SimulatedCuda.capture, []
+
+    def refuse_the_first_key(self, fn, args, **kw):
+        if not args:  # (the runtime's own probes)
+            return capture(self, fn, args, **kw)
+        batch = next(a.shape[0] for a in args if isinstance(a, torch.Tensor) and tuple(a.shape) in ((4, 16), (2, 16)))
+        tries.append((batch, bool(kw.get("fed"))))
+        if batch == 4:  # the first key's graph cannot be captured, with its copies or without
+            raise SimulatedCudaError("operation not permitted when stream is capturing")
+        return capture(self, fn, args, **kw)
+
+    monkeypatch.setattr(SimulatedCuda, "capture", refuse_the_first_key)
+    model = Step().eval()
+    backend = AirgraphBackend(
+        make_config(mode="reduce-overhead", kernel_backend="aten", **IN_GRAPH), runtime=SimulatedCuda()
+    )
+    step = torch.compile(model, backend=backend, dynamic=True)  # (one graph, a key per batch size)
+    with caplog.at_level(logging.WARNING, logger="airgraph"), torch.no_grad():
+        for shape in [(4, 16)] * 3 + [(2, 16)] * 3:
+            x = torch.randn(*shape)
+            assert_close(step(x), model(x))
+    assert tries == [(4, True), (4, False), (2, True)]  # with the copies, without them; the other key with them
+    assert "recording its input copies in the graph failed" not in caplog.text
+    assert "runs uncaptured: CUDA graph capture failed: SimulatedCudaError: operation not permitted" in caplog.text
+    (capture_of_step,) = captures
+    assert capture_of_step._feed and feeds == [1, 1] and not launches  # the second key is fed (its two replays)
 
 
 def test_the_simulator_finds_a_replay_reading_a_source_freed_since_it_was_fed():
