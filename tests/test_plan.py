@@ -210,6 +210,7 @@ def test_numerics_equal_eager_on_cpu_where_the_pass_is_a_no_op(mode):
             assert got[2] == want[2]
     finally:
         torch._dynamo.config.capture_scalar_outputs = False
+    assert backend.reports
     for graph in backend.reports:
         placement = {p.name: p for p in graph.passes}["host_placement"]
         assert placement.changed == 0 and "runs on the CPU" in placement.details[0]

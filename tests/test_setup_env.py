@@ -54,10 +54,11 @@ def test_a_missing_requirement_sends_setup_to_pip(monkeypatch):
     assert len(missing) == 2  # everything else is installed here
 
 
-def _offline_main(monkeypatch, tmp_path, missing: list[str]) -> list[Path]:
-    """setup_env.main where pip cannot reach an index and ``missing`` is what the venv lacks; the venvs linked."""
+def _offline_main(monkeypatch, tmp_path, missing: list[str], linked: list[Path] | None = None) -> list[Path]:
+    """setup_env.main where pip cannot reach an index and ``missing`` is what the venv lacks; the venvs linked (also
+    into ``linked``, for a main that raises)."""
     setup_env = _setup_env()
-    linked = []
+    linked = [] if linked is None else linked
     monkeypatch.setattr(setup_env, "make_venv", lambda path: path / "bin" / "python")
     monkeypatch.setattr(setup_env, "missing_requirements", lambda python: list(missing))
 
@@ -78,5 +79,7 @@ def test_extras_pip_cannot_install_leave_airgraph_linked(monkeypatch, tmp_path, 
 
 
 def test_a_missing_dependency_pip_cannot_install_fails_setup(monkeypatch, tmp_path):
-    with pytest.raises(subprocess.CalledProcessError):
-        _offline_main(monkeypatch, tmp_path, ["rich>=13 (found 12.0)", "mpich"])
+    linked: list[Path] = []
+    with pytest.raises(subprocess.CalledProcessError, match=r"\['pip', 'install'\]"):
+        _offline_main(monkeypatch, tmp_path, ["rich>=13 (found 12.0)", "mpich"], linked)
+    assert linked == []  # airgraph is not linked into a venv that lacks a dependency

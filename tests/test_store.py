@@ -117,7 +117,7 @@ def test_replace_dir_swaps_a_folder_whole(tmp_path):
 
 def test_a_staging_folder_that_is_not_moved_is_removed(tmp_path):
     target = tmp_path / "kernels"
-    with pytest.raises(RuntimeError), store.staging_dir(target) as stage:
+    with pytest.raises(RuntimeError, match="build failed"), store.staging_dir(target) as stage:
         (stage / "half.so").write_text("half")
         raise RuntimeError("build failed")
     assert list(tmp_path.iterdir()) == []

@@ -202,19 +202,25 @@ def test_four_processes_installing_at_once_lose_nothing_and_tear_nothing(tmp_pat
     newest = read_manifest(packages[3])["kernels"][2]["files"]
     procs = start_together(INSTALL, library, packages)
     problems: list[str] = []
+    errors: list[BaseException] = []  # the reader's own (a torn index it cannot parse): a thread's are not the test's
+    checked = [0]
     stop = threading.Event()
 
     def read_while_installing() -> None:  # a reader: every indexed file whole, or the index moved on
-        while not stop.is_set():
-            stamp, index = library.stamp(), library.read_index()
-            for kid, entry in index["kernels"].items():
-                for name, expected in entry["files"].items():
-                    try:
-                        ok = file_digest(library.folder(entry) / name) == expected["sha256"]
-                    except FileNotFoundError:
-                        ok = library.stamp() != stamp  # replaced by a newer build since it was read
-                    if not ok:
-                        problems.append(kid)
+        try:
+            while not stop.is_set():
+                stamp, index = library.stamp(), library.read_index()
+                for kid, entry in index["kernels"].items():
+                    for name, expected in entry["files"].items():
+                        try:
+                            ok = file_digest(library.folder(entry) / name) == expected["sha256"]
+                        except FileNotFoundError:
+                            ok = library.stamp() != stamp  # replaced by a newer build since it was read
+                        checked[0] += 1
+                        if not ok:
+                            problems.append(kid)
+        except BaseException as exc:
+            errors.append(exc)
 
     reader = threading.Thread(target=read_while_installing)
     reader.start()
@@ -222,7 +228,9 @@ def test_four_processes_installing_at_once_lose_nothing_and_tear_nothing(tmp_pat
     stop.set()
     reader.join()
     assert [p.returncode for p in procs] == [0, 0, 0, 0], [err for _, err in outputs]
+    assert not errors, errors
     assert problems == []
+    assert checked[0] > 0  # the reader read files while the processes installed
     index = check_library(library)
     assert sorted(index["kernels"]) == sorted([f"g{i}/{s}" for i in range(4) for s in "ab"] + ["shared/s"])
     assert index["kernels"]["shared/s"]["files"] == newest  # the newest build of the shared kernel won

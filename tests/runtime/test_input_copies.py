@@ -63,7 +63,8 @@ def test_by_default_inputs_are_copied_by_a_launch(counted):
     step = airgraph.compile(model, make_config(mode="reduce-overhead", kernel_backend="aten"), runtime=SimulatedCuda())
     with torch.no_grad():
         for _ in range(3):
-            step(torch.randn(4, 16))
+            x = torch.randn(4, 16)
+            assert_close(step(x), model(x))
     assert not feeds and launches == [1, 1]
 
 
