@@ -281,6 +281,41 @@ def test_cuda_graphs_copy_each_calls_inputs_in_the_graph(monkeypatch, captures, 
     assert isinstance(entry.graph, feeding.FedGraph) and len(entry.fed) == 1 and not entry.batches
 
 
+@pytest.mark.cuda
+def test_cuda_a_decode_loop_with_new_token_tensors_makes_eager_tokens(monkeypatch, captures):
+    """On a GPU: tiny LLaMA's decode loop as users write it (a new token tensor and a new position tensor each step,
+    two dtypes' worth of fed buffers), nothing synchronized between steps: eager's tokens, both inputs fed, no copy
+    launched, torch's current device left as it was."""
+    from airgraph.models import build_tiny_llama, prefill_inputs
+
+    if feeding.bindings() is None:
+        pytest.skip("cuda.bindings is not installed")
+    launches = []
+    copy_many = CudaRuntime().copy_many
+    monkeypatch.setattr(
+        CudaRuntime, "copy_many", staticmethod(lambda d, s: (launches.append(len(s)), copy_many(d, s))[1])
+    )
+    model, reference = build_tiny_llama("tiny", seed=0).cuda(), build_tiny_llama("tiny", seed=0).cuda()
+    prompt, prompt_pos = (t.cuda() for t in prefill_inputs(model.config, 1, 8))
+    config = make_config(mode="reduce-overhead", kernel_backend="aten", **IN_GRAPH)
+    step = airgraph.compile(model, config, fast_path=True, fullgraph=True)
+    device = torch.cuda.current_device()
+    with torch.no_grad():
+        token, made = model(prompt, prompt_pos)[:, -1:].argmax(-1), []
+        for i in range(12):
+            token = step(token, torch.tensor([8 + i], device="cuda")).argmax(-1)
+            made.append(token)
+        token, expected = reference(prompt, prompt_pos)[:, -1:].argmax(-1), []
+        for i in range(12):
+            token = reference(token, torch.tensor([8 + i], device="cuda")).argmax(-1)
+            expected.append(token)
+    assert [int(t) for t in made] == [int(t) for t in expected]
+    assert not launches and step.fast_calls > 0 and torch.cuda.current_device() == device
+    (capture,) = captures
+    (entry,) = capture._keys.values()
+    assert isinstance(entry.graph, feeding.FedGraph) and len(entry.fed) == 2 and not entry.batches
+
+
 def test_a_replay_off_the_lean_path_is_fed_too(counted, captures):
     """A graph that also returns a view of its input (handed back as that view of the caller's tensor, not from the
     graph's memory) replays through GraphCapture's general path: it feeds its graph as the decode step's path does."""
