@@ -1,6 +1,7 @@
 """Shared test set-up: the `cuda` marker is skipped here, centrally, when no GPU is present, and each `cuda` test that
-leaves the device unusable fails (so its neighbours in the worker do not); the tuning bank is a fresh folder for
-the session (a user's bank must not change what the tests compile)."""
+leaves the device unusable fails (so its neighbours in the worker do not); every simulated CUDA runtime a test makes
+is checked when it ends; the tuning bank is a fresh folder for the session (a user's bank must not change what the
+tests compile)."""
 
 from __future__ import annotations
 
@@ -38,6 +39,30 @@ def _cuda_left_usable(request: pytest.FixtureRequest):
     reason = cuda_unusable()
     if reason is not None:
         pytest.fail(f"this test left CUDA unusable for the tests after it: {reason}", pytrace=False)
+
+
+@pytest.fixture(autouse=True)
+def _simulators_checked(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):
+    """Every SimulatedCuda a test makes is checked when the test ends: no replay read a tensor at an address other than
+    the one its graph was recorded with, no race, no early free. An output equal to eager's does not show those: the
+    simulator computes on the tensors it is given and only records the problem. Tests of the simulator's own reports
+    (marked ``simulator_problems``) look at them themselves."""
+    if request.node.get_closest_marker("simulator_problems") is not None:
+        yield
+        return
+    from airgraph.runtime.simulated import SimulatedCuda
+
+    made: list[SimulatedCuda] = []
+    init = SimulatedCuda.__init__
+
+    def tracked(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        made.append(self)
+
+    monkeypatch.setattr(SimulatedCuda, "__init__", tracked)
+    yield
+    for sim in made:
+        sim.check()
 
 
 @pytest.fixture

@@ -14,9 +14,6 @@ from airgraph.runtime import fastpath
 from airgraph.runtime.simulated import SimulatedCuda
 from tests.helpers import Step, assert_close, make_config, top_level_ops
 
-# Each test ends with its simulators checked (tests/runtime/conftest.py)
-pytestmark = pytest.mark.usefixtures("checked_simulators")
-
 
 @pytest.fixture(autouse=True, params=["last route by guards", "signatures only", "in-graph input copies"])
 def matching(request, monkeypatch):

@@ -18,9 +18,6 @@ from airgraph.runtime.device import CudaRuntime
 from airgraph.runtime.simulated import SimulatedCuda, SimulatedCudaError
 from tests.helpers import Step, assert_close, make_config
 
-# Each test ends with its simulators checked (tests/runtime/conftest.py)
-pytestmark = pytest.mark.usefixtures("checked_simulators")
-
 IN_GRAPH = {"reduce_overhead.input_copies": "in-graph"}
 
 

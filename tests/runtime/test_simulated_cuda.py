@@ -100,6 +100,7 @@ def crossing(x: torch.Tensor) -> torch.Tensor:
     return y + x
 
 
+@pytest.mark.simulator_problems  # (it checks the reports itself)
 def test_the_checker_finds_a_missing_wait(monkeypatch):
     monkeypatch.setattr(executor._StreamCode, "_wait", lambda self, waiter, waited, since: None)
     sim = SimulatedCuda()
@@ -110,6 +111,7 @@ def test_the_checker_finds_a_missing_wait(monkeypatch):
         sim.check()
 
 
+@pytest.mark.simulator_problems  # (it checks the reports itself)
 def test_the_checker_finds_an_unjoined_stream(monkeypatch):
     monkeypatch.setattr(executor._StreamCode, "join", lambda self, outputs, names: None)
     sim = SimulatedCuda()
@@ -120,6 +122,7 @@ def test_the_checker_finds_an_unjoined_stream(monkeypatch):
         sim.check()
 
 
+@pytest.mark.simulator_problems  # (it checks the reports itself)
 def test_the_checker_finds_an_early_free(monkeypatch):
     monkeypatch.setattr(executor._StreamCode, "cross_stream_values", lambda self, steps, placeholders: set())
     sim = SimulatedCuda()
@@ -302,6 +305,7 @@ def test_random_stream_dags_are_race_free_and_equal_eager(steps, mode):
             assert_close(actual, expected)
 
 
+@pytest.mark.simulator_problems  # (it checks the reports itself)
 def test_the_checker_finds_a_write_after_read_race(monkeypatch):
     # the analysis forgets in-place writes: the executor orders nothing for them (the simulator still sees the
     # write, by the version counter)
@@ -342,6 +346,7 @@ def test_replays_from_two_caller_streams_are_ordered_by_the_pool():
     sim.check()
 
 
+@pytest.mark.simulator_problems  # (it checks the reports itself)
 def test_the_checker_finds_replays_racing_on_the_static_buffers(monkeypatch):
     class Forgetful(dict):  # the pool forgets the last replay's stream: nothing orders the next one after it
         def __setitem__(self, key, value) -> None:
@@ -577,6 +582,7 @@ def test_a_new_static_input_at_the_recorded_address_is_replayed_on(captures):
     assert entry.replays == 3 * 4 - 1  # every step but the first (its warm-up, then recorded)
 
 
+@pytest.mark.simulator_problems  # (it checks the reports itself)
 def test_a_simulated_replay_needs_its_arguments_alive_or_given():
     sim = SimulatedCuda()
     x = torch.ones(4)
@@ -592,6 +598,7 @@ def test_a_simulated_replay_needs_its_arguments_alive_or_given():
         graph.replay()
 
 
+@pytest.mark.simulator_problems  # (it checks the reports itself)
 def test_a_simulated_replay_flags_an_argument_given_another_layout_in_place():
     """A CUDA graph's kernels read an argument with the sizes, strides and dtype of the recording: a tensor changed
     in place at the same address (``t_``) is read as the old layout, which the simulator reports."""
