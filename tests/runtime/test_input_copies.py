@@ -186,6 +186,7 @@ def test_a_graph_that_fails_to_record_without_its_input_copies_too_runs_uncaptur
     assert capture_of_step._feed and feeds == [1, 1] and not launches  # the second key is fed (its two replays)
 
 
+@pytest.mark.simulator_problems  # (it checks the reports itself)
 def test_the_simulator_finds_a_replay_reading_a_source_freed_since_it_was_fed():
     """What a replay path that forgot to feed its graph would do on CUDA: copy from the address of a tensor that is
     gone (whatever that memory holds now)."""
@@ -204,9 +205,9 @@ def test_the_simulator_finds_a_replay_reading_a_source_freed_since_it_was_fed():
     assert len(sim.problems) == 1 and "reads a tensor freed since it was fed" in sim.problems[0]
     with pytest.raises(SimulatedCudaError, match="2 sources for 1 fed buffers"):
         sim.feed(graph, [torch.ones(4), torch.ones(4)])
-    sim.problems.clear()  # (found, as the test expects: not a problem of the test's)
 
 
+@pytest.mark.simulator_problems  # (it checks the reports itself)
 def test_the_simulator_finds_a_replay_reading_a_source_whose_memory_moved_since_it_was_fed():
     """CUDA's memcpy node copies from the address it was fed: a source moved since (``set_``, as settling a handed
     output moves it) is not what it copies."""
@@ -221,7 +222,6 @@ def test_the_simulator_finds_a_replay_reading_a_source_whose_memory_moved_since_
     sim.replay(graph, [buffer], [buffer])
     (problem,) = sim.problems
     assert "reads the address it was fed, where the tensor fed is no longer" in problem
-    sim.problems.clear()  # (found, as the test expects)
 
 
 def test_the_option_names_its_values():
@@ -280,9 +280,9 @@ def test_cuda_graphs_copy_each_calls_inputs_in_the_graph(monkeypatch, captures, 
 
 @pytest.mark.cuda
 def test_cuda_a_decode_loop_with_new_token_tensors_makes_eager_tokens(monkeypatch, captures):
-    """On a GPU: tiny LLaMA's decode loop as users write it (a new token tensor and a new position tensor each step,
-    two dtypes' worth of fed buffers), nothing synchronized between steps: eager's tokens, both inputs fed, no copy
-    launched, torch's current device left as it was."""
+    """On a GPU: tiny LLaMA's decode loop as users write it (a new token tensor and a new position tensor each step:
+    two fed buffers), nothing synchronized between steps: eager's tokens, both inputs fed, no copy launched, torch's
+    current device left as it was."""
     from airgraph.models import build_tiny_llama, prefill_inputs
 
     if feeding.bindings() is None:
