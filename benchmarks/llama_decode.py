@@ -34,6 +34,7 @@ from airgraph.bench.decode import print_results, run_bench
 from airgraph.bench.results import environment, write_json
 from airgraph.models import build_tiny_llama, decode_inputs, prefill_inputs
 from airgraph.runtime.device import CudaRuntime
+from airgraph.runtime.feeding import copies_first, memcpy_nodes
 
 # The fast path with its replays' input copies made one ``copy_`` each instead of one ``torch._foreach_copy_`` per
 # dtype: which of the two costs the host less on a GPU is measured side by side (the CPU proxy cannot say).
@@ -213,23 +214,15 @@ def input_copy_mechanisms(preset: str, bursts: int = 20, calls: int = 20, device
     def record_copies(dsts: list[torch.Tensor], srcs: list[torch.Tensor], around: Any = None) -> tuple[Any, Any, list]:
         """A graph of memcpy nodes (srcs into dsts, between ``around``'s two callables where given), instantiated:
         (the graph, its cudaGraphExec_t, the memcpy nodes in the order of dsts)."""
+        before, after = around if around is not None else (lambda: None, lambda: None)
+        copies_then_after = copies_first(lambda _: after(), list(zip(dsts, srcs, strict=True)))  # (as airgraph's)
         graph = torch.cuda.CUDAGraph(keep_graph=True)
         with torch.cuda.graph(graph):
-            if around is not None:
-                around[0]()
-            stream = cudart.cudaStream_t(init_value=torch.cuda.current_stream().cuda_stream)
-            for dst, src in zip(dsts, srcs, strict=True):
-                ok(cudart.cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), dst.nbytes, d2d, stream))
-            if around is not None:
-                around[1]()
+            before()
+            copies_then_after([])
         graph.instantiate()
-        raw = cudart.cudaGraph_t(init_value=graph.raw_cuda_graph())
-        count = ok(cudart.cudaGraphGetNodes(raw, 0))[1]
-        by_dst = {}
-        for node in ok(cudart.cudaGraphGetNodes(raw, count))[0]:
-            if ok(cudart.cudaGraphNodeGetType(node)) == cudart.cudaGraphNodeType.cudaGraphNodeTypeMemcpy:
-                by_dst[int(ok(cudart.cudaGraphMemcpyNodeGetParams(node)).dstPtr.ptr)] = node
-        nodes = [by_dst[dst.data_ptr()] for dst in dsts]
+        found = memcpy_nodes(graph.raw_cuda_graph())  # (as FedGraph finds its own)
+        nodes = [found[(dst.data_ptr(), src.data_ptr())] for dst, src in zip(dsts, srcs, strict=True)]
         return graph, cudart.cudaGraphExec_t(init_value=graph.raw_cuda_graph_exec()), nodes
 
     step, tokens, pos, sync = _warmed(preset, "airgraph fast-path", device)

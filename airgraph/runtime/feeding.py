@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["FedGraph", "FeedError", "bindings", "copies_first", "started_on"]
+__all__ = ["FedGraph", "FeedError", "bindings", "copies_first", "memcpy_nodes", "started_on"]
 
 
 class FeedError(RuntimeError):
@@ -104,7 +104,7 @@ class FedGraph:
         self._set = cudart.cudaGraphExecMemcpyNodeSetParams1D
         self._exec = cudart.cudaGraphExec_t(init_value=graph.raw_cuda_graph_exec())
         self._kind, self._success = cudart.cudaMemcpyKind.cudaMemcpyDeviceToDevice, cudart.cudaError_t.cudaSuccess
-        nodes = _memcpy_nodes(cudart, graph.raw_cuda_graph())
+        nodes = memcpy_nodes(graph.raw_cuda_graph())
         pairs = [(b.data_ptr(), s.data_ptr()) for b, s in zip(buffers, sources, strict=True)]
         missing = [k for k, pair in enumerate(pairs) if pair not in nodes]
         if missing:
@@ -143,8 +143,10 @@ class FedGraph:
         self.graph.replay()
 
 
-def _memcpy_nodes(cudart: ModuleType, raw_graph: int) -> dict[tuple[int, int], Any]:
-    """The memcpy nodes of a cudaGraph_t, by (destination, source) address."""
+def memcpy_nodes(raw_graph: int) -> dict[tuple[int, int], Any]:
+    """The memcpy nodes of a cudaGraph_t (``CUDAGraph.raw_cuda_graph()``), by (destination, source) address."""
+    cudart = bindings()
+    assert cudart is not None
     graph = cudart.cudaGraph_t(init_value=raw_graph)
     count = _ok(cudart.cudaGraphGetNodes(graph, 0), "cudaGraphGetNodes")[1]
     memcpy = cudart.cudaGraphNodeType.cudaGraphNodeTypeMemcpy
