@@ -337,13 +337,13 @@ class CudaRuntime:
         if fed:
             feeding.started_on(index)
         recording = _CudaRecording(index, pool, keep_graph=bool(fed))
-        buffers = [args[position] for position, _ in fed]
-        run = feeding.copies_first(fn, list(zip(buffers, [s for _, s in fed], strict=True))) if fed else fn
+        buffers, sources = [args[position] for position, _ in fed], [source for _, source in fed]
+        run = feeding.copies_first(fn, list(zip(buffers, sources, strict=True))) if fed else fn
         with torch.cuda.stream(stream):
             outputs = record(recording, run, args)
         if not fed:
             return recording.graph, outputs
-        return feeding.FedGraph(recording.graph, buffers, [s for _, s in fed], index), outputs
+        return feeding.FedGraph(recording.graph, buffers, sources, index), outputs
 
     # (the graph's own method, called as runtime.feed(graph, sources): no frame of the runtime's in a replay)
     feed = staticmethod(feeding.FedGraph.feed)

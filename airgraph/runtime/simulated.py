@@ -51,7 +51,7 @@ import contextlib
 import itertools
 import threading
 import weakref
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -273,7 +273,7 @@ class SimulatedCuda:
             with self.use(stream):
                 graph.outputs = record(graph, recorded, list(args))
             graph.hold(args)
-            graph.fed = [(position, weakref.ref(source), source.data_ptr()) for position, source in fed]
+            graph.fed = _fed_sources(fed)
         finally:
             torch.set_rng_state(rng)
             with torch.no_grad():
@@ -298,10 +298,7 @@ class SimulatedCuda:
     def feed(self, graph: SimGraph, sources: Sequence[torch.Tensor]) -> None:
         if len(sources) != len(graph.fed):
             raise SimulatedCudaError(f"feed: {len(sources)} sources for {len(graph.fed)} fed buffers")
-        graph.fed = [
-            (position, weakref.ref(source), source.data_ptr())
-            for (position, *_), source in zip(graph.fed, sources, strict=True)
-        ]
+        graph.fed = _fed_sources(zip([position for position, *_ in graph.fed], sources, strict=True))
 
     def replay(self, graph: SimGraph, recorded: list, args: list) -> None:
         """The fed buffers' copies first (the graph's first nodes: copies of the sources' bytes), then the graph."""
@@ -519,3 +516,8 @@ class _CostModel(TorchDispatchMode):
             tensors = [t for t in tree_leaves((args, kwargs, out)) if isinstance(t, torch.Tensor)]
             self.seconds += self.launch + sum(t.numel() * t.element_size() for t in tensors) / self.bandwidth
         return out
+
+
+def _fed_sources(fed: Iterable[tuple[int, torch.Tensor]]) -> list[tuple[int, weakref.ref, int]]:
+    """A SimGraph's fed sources, kept as CUDA keeps them: by address (with a weak reference to tell a freed one)."""
+    return [(position, weakref.ref(source), source.data_ptr()) for position, source in fed]

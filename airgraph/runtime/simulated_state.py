@@ -144,7 +144,7 @@ class SimGraph:
     invalidated: str | None = None  # why the capture was invalidated (an op that synchronises ran)
     workspaces: set = field(default_factory=set)  # the cuBLAS workspaces its GEMMs recorded
     replays: int = 0
-    fed: list = field(default_factory=list)  # (position, weak reference to its source) per fed input buffer
+    fed: list = field(default_factory=list)  # (position, weak reference to its source, its address) per fed buffer
 
     # -- recording (device.py's Recording) ---------------------------------------------------------------
     def refusal(self) -> str | None:

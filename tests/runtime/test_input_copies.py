@@ -33,6 +33,19 @@ def counted(monkeypatch):
     return feeds, launches
 
 
+@pytest.fixture
+def cuda_launches(monkeypatch):
+    """On a GPU with cuda.bindings (else the test is skipped): CUDA's copy launches (tensors per call), counted."""
+    if feeding.bindings() is None:
+        pytest.skip("cuda.bindings is not installed")
+    launches = []
+    copy_many = CudaRuntime().copy_many  # (torch's foreach copy itself)
+    monkeypatch.setattr(
+        CudaRuntime, "copy_many", staticmethod(lambda d, s: (launches.append(len(s)), copy_many(d, s))[1])
+    )
+    return launches
+
+
 @pytest.mark.parametrize("fast_path", [False, True], ids=["through torch.compile", "fast path"])
 def test_a_graph_fills_its_input_buffers_itself_from_each_calls_tensors(counted, captures, fast_path):
     """New input tensors every call (as a decode loop's): each replay is fed that call's tensor, no copy is launched,
@@ -243,16 +256,9 @@ def test_cuda_cannot_feed_a_graph_without_a_cuda_runtime_the_bindings_can_start(
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("fast_path", [False, True], ids=["through torch.compile", "fast path"])
-def test_cuda_graphs_copy_each_calls_inputs_in_the_graph(monkeypatch, captures, fast_path):
+def test_cuda_graphs_copy_each_calls_inputs_in_the_graph(cuda_launches, captures, fast_path):
     """On a GPU: the graphs are FedGraphs, no copy is launched, and replays queued behind each other (no sync between
     calls, each with a new input tensor, each output kept) each read their own input."""
-    if feeding.bindings() is None:
-        pytest.skip("cuda.bindings is not installed")
-    launches = []
-    copy_many = CudaRuntime().copy_many  # (bound, or torch's foreach copy itself)
-    monkeypatch.setattr(
-        CudaRuntime, "copy_many", staticmethod(lambda d, s: (launches.append(len(s)), copy_many(d, s))[1])
-    )
     model = Step(256).eval().cuda()
     step = airgraph.compile(
         model, make_config(mode="reduce-overhead", kernel_backend="aten", **IN_GRAPH), fast_path=fast_path
@@ -272,26 +278,19 @@ def test_cuda_graphs_copy_each_calls_inputs_in_the_graph(monkeypatch, captures, 
         torch.cuda.synchronize()
         for x, y in zip([*inputs, *inputs[:4]], [*outputs, *kept], strict=True):
             assert_close(y, model(x))
-    assert not launches
+    assert not cuda_launches
     (capture,) = captures
     (entry,) = capture._keys.values()
     assert isinstance(entry.graph, feeding.FedGraph) and len(entry.fed) == 1 and not entry.batches
 
 
 @pytest.mark.cuda
-def test_cuda_a_decode_loop_with_new_token_tensors_makes_eager_tokens(monkeypatch, captures):
+def test_cuda_a_decode_loop_with_new_token_tensors_makes_eager_tokens(cuda_launches, captures):
     """On a GPU: tiny LLaMA's decode loop as users write it (a new token tensor and a new position tensor each step:
     two fed buffers), nothing synchronized between steps: eager's tokens, both inputs fed, no copy launched, torch's
     current device left as it was."""
     from airgraph.models import build_tiny_llama, prefill_inputs
 
-    if feeding.bindings() is None:
-        pytest.skip("cuda.bindings is not installed")
-    launches = []
-    copy_many = CudaRuntime().copy_many
-    monkeypatch.setattr(
-        CudaRuntime, "copy_many", staticmethod(lambda d, s: (launches.append(len(s)), copy_many(d, s))[1])
-    )
     model, reference = build_tiny_llama("tiny", seed=0).cuda(), build_tiny_llama("tiny", seed=0).cuda()
     prompt, prompt_pos = (t.cuda() for t in prefill_inputs(model.config, 1, 8))
     config = make_config(mode="reduce-overhead", kernel_backend="aten", **IN_GRAPH)
@@ -307,7 +306,7 @@ def test_cuda_a_decode_loop_with_new_token_tensors_makes_eager_tokens(monkeypatc
             token = reference(token, torch.tensor([8 + i], device="cuda")).argmax(-1)
             expected.append(token)
     assert [int(t) for t in made] == [int(t) for t in expected]
-    assert not launches and step.fast_calls > 0 and torch.cuda.current_device() == device
+    assert not cuda_launches and step.fast_calls > 0 and torch.cuda.current_device() == device
     (capture,) = captures
     (entry,) = capture._keys.values()
     assert isinstance(entry.graph, feeding.FedGraph) and len(entry.fed) == 2 and not entry.batches
@@ -336,15 +335,11 @@ def test_a_replay_off_the_lean_path_is_fed_too(counted, captures):
 
 @pytest.mark.parametrize("fast_path", [False, True], ids=["through torch.compile", "fast path"])
 def test_a_graph_whose_copies_cannot_be_pointed_at_a_calls_tensors_is_recorded_again_with_launches(
-    monkeypatch, caplog, captures, fast_path
+    monkeypatch, caplog, counted, captures, fast_path
 ):
     """runtime.feed fails at a replay (a CUDA error): that call runs uncaptured with eager's result, and the key is
     recorded again with its input copies launched; later calls replay it."""
-    launches = []
-    copy_many = SimulatedCuda.copy_many
-    monkeypatch.setattr(
-        SimulatedCuda, "copy_many", lambda self, d, s: (launches.append(len(s)), copy_many(self, d, s))[1]
-    )
+    _, launches = counted
     feed, failures = SimulatedCuda.feed, []
 
     def fails_third(self, graph, sources):
