@@ -263,8 +263,8 @@ class _Walk:
         which refuses real tensors: the copy is made outside it."""
         if node not in self.host_consts:
             name = f"_host_{str(node.target).replace('.', '_')}"
-            with unset_fake_temporarily():
-                setattr(self.gm, name, self._attr(node).detach().cpu())
+            with unset_fake_temporarily():  # a buffer, not a plain attribute: FX's get_attr warns of those
+                self.gm.register_buffer(name, self._attr(node).detach().cpu(), persistent=False)
             with self.gm.graph.inserting_after(node):
                 copy = self.gm.graph.get_attr(name)
             copy.meta["val"] = _redevice(node.meta["val"], _CPU)
