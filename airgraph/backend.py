@@ -214,7 +214,7 @@ class AirgraphBackend:
         if plan.capture and not self.plan_only:
             run = self._capture(run, gm, device, kind, report, plan, views_of_inputs(graph), split, observer)
         elif not self.plan_only:
-            if config.mode == "reduce-overhead":
+            if config.mode == "reduce-overhead" and not runtime.can_capture:
                 _warn_uncaptured(device)
             if observer is not None:
                 run = ObservedRun(run, observer, _static_input_indices(kind))

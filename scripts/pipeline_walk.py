@@ -3,9 +3,9 @@
     python scripts/pipeline_walk.py [--show]
 
 Compiles two models on the CUDA simulator in reduce-overhead with the aten kernel backend: the tiny LLaMA decode
-step (no host split) and seed 003's shape fragment (host work split off around the replay). ``--full``: with
-static kernels on (building into a temporary folder) and a tuning bank (empty, in a temporary folder), as the
-issue walked it. For each, every call
+step (no host split) and seed 003's shape fragment, scaled (host work split off around the replay; the fragment
+alone leaves the device only a view, which is not captured). ``--full``: with static kernels on (building into a
+temporary folder) and a tuning bank (empty, in a temporary folder), as the issue walked it. For each, every call
 of an airgraph function (a file under airgraph/) that receives a ``torch.fx.GraphModule`` or ``torch.fx.Graph``
 while ``compile_graph`` runs is a *stop*, at the depth of airgraph frames below ``compile_graph``. Then:
 
@@ -120,7 +120,7 @@ def _decode(sim: SimulatedCuda):
 
 
 def _fragment(sim: SimulatedCuda):
-    from tests.passes.test_host_placement import fragment
+    from tests.passes.test_host_placement import scaled_fragment as fragment  # (device work to capture)
 
     x = sim.to_device(torch.randn(4, 6))
 

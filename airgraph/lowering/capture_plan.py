@@ -4,6 +4,8 @@ Decisions about a graph, made at compile time (runtime/capture.py carries them o
 
 - :func:`find_uncapturable` says why a graph cannot be captured (work on two GPUs, an op that needs a host sync
   (capture_rules.py), a CPU tensor inside the CUDA graph), naming the first offending op, or None;
+- :func:`launches` says whether a node may launch device work: a graph of no such node is not captured (a CUDA
+  graph of nothing);
 - :func:`plan_host_work` classifies each node of a graph with host work (host placement's CPU ops) as static (a
   function of the shape key alone: computed once per key), per-call (depends on the data of CPU inputs, or is
   random: computed before every replay) or device (captured); host_split.py lowers the two host pieces.
@@ -15,6 +17,7 @@ plan with them): nothing downstream asks again.
 from __future__ import annotations
 
 import functools
+import operator
 from dataclasses import dataclass, field
 
 import torch
@@ -24,10 +27,12 @@ from airgraph.graph.meta import METADATA_OPS, on_host, tensors, transfer_device
 from airgraph.lowering.capture_rules import host_sync_reason
 
 __all__ = [
+    "NOTHING_TO_CAPTURE",
     "CapturePlan",
     "HostPlan",
     "find_uncapturable",
     "has_host_work",
+    "launches",
     "plan_capture",
     "plan_host_work",
 ]
@@ -52,11 +57,31 @@ def plan_capture(gm: torch.fx.GraphModule, *, mode: str, device: torch.device, c
         return CapturePlan()
     if not can_capture:
         return CapturePlan(uncapturable=f"reduce-overhead captures CUDA graphs; this graph runs on {device.type}")
+    if not any(map(launches, gm.graph.nodes)):  # a CUDA graph of nothing (CUDA warns "The CUDA Graph is empty")
+        return CapturePlan(uncapturable=NOTHING_TO_CAPTURE)
     if device.type == "cpu":  # the simulator: CPU tensors stand for device ones, only the ops are checked
         return CapturePlan(capture=True, uncapturable=find_uncapturable(gm, simulated=True))
     host = plan_host_work(gm) if has_host_work(gm) else None
     reason = find_uncapturable(gm, host=host or HostPlan())
     return CapturePlan(capture=True, uncapturable=reason, host=host if reason is None else None)
+
+
+NOTHING_TO_CAPTURE = "nothing to capture: the graph launches no device work (views, sizes and host work only)"
+
+
+def launches(node: torch.fx.Node) -> bool:
+    """Whether ``node`` may launch device work: a call on the device, with a tensor among its inputs or outputs,
+    that is not a view, a size or an item of a tuple (shape arithmetic and checks of SymInts read no tensor).
+    Erring towards yes (an allocation, an in-place op returning nothing, a device assert, any higher-order op): a
+    graph of none of them is not captured, as its CUDA graph would hold nothing to replay (only its input copies,
+    had it been captured)."""
+    if node.op != "call_function" or on_host(node) or node.target is operator.getitem or node.target in METADATA_OPS:
+        return False
+    if isinstance(node.target, torch._ops.HigherOrderOperator):
+        return True
+    if isinstance(node.target, torch._ops.OpOverload) and node.target.is_view:
+        return False
+    return bool(tensors([node.meta.get("val"), *(n.meta.get("val") for n in node.all_input_nodes)]))
 
 
 STATIC, PER_CALL, ON_DEVICE = "static", "per_call", "device"  # where a node's value comes from (its origin)

@@ -274,6 +274,12 @@ class SimulatedCuda:
                 graph.outputs = record(graph, recorded, list(args))
             graph.hold(args)
             graph.fed = _fed_sources(fed)
+            if _did_nothing(graph.outputs, saved):
+                self.problems.append(
+                    "a graph was recorded that does no device work (its outputs are views of its arguments, which "
+                    "it left as they were): CUDA warns 'The CUDA Graph is empty' and a replay only costs a launch; "
+                    "run such a graph uncaptured"
+                )
         finally:
             torch.set_rng_state(rng)
             with torch.no_grad():
@@ -496,6 +502,18 @@ def _unwritten(outputs: Any, args: list) -> None:
             memory.fill_(float("nan"))
         else:
             memory.bitwise_not_()
+
+
+def _did_nothing(outputs: Any, saved: list[tuple[torch.Tensor, torch.Tensor]]) -> bool:
+    """Whether a recording did no device work, as far as its memory tells: every output is a view of an argument
+    (nothing allocated and written), and every argument holds what it held before (``saved``: each with its copy;
+    NaN counts as written). A recording that only allocates counts as work: a CUDA graph of one is as empty. One
+    without outputs is not looked at: a compiled graph has some; the memory pool's keeper (capture.py) has none."""
+    taken = {storage(a) for a, _ in saved}
+    outs = [out for out in tree_leaves(outputs) if isinstance(out, torch.Tensor)]
+    if not outs or any(storage(out) not in taken for out in outs):
+        return False
+    return all(torch.equal(a, before) for a, before in saved)
 
 
 def _copy_memory(dst: torch.Tensor, src: torch.Tensor) -> None:

@@ -61,6 +61,12 @@ def fragment(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(new_shape.tolist())
 
 
+def scaled_fragment(x: torch.Tensor) -> torch.Tensor:
+    """The fragment, then device work on its result: placed, the fragment alone leaves the device a view (no
+    work, so reduce-overhead does not capture it); this leaves it a kernel to capture."""
+    return fragment(x) * 2
+
+
 def test_seed_fragment_moves_to_host_and_its_syncs_go():
     torch._dynamo.config.capture_scalar_outputs = True
     try:

@@ -12,7 +12,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import airgraph.lowering.capture_rules as capture_rules
 from airgraph.graph.fake_guard import fake_cuda_guard
-from airgraph.lowering.capture_plan import find_uncapturable
+from airgraph.lowering.capture_plan import NOTHING_TO_CAPTURE, find_uncapturable, launches, plan_capture
 from airgraph.runtime.simulated import SimulatedCuda
 from tests.helpers import assert_close, compile_with, unsafe_double
 
@@ -21,6 +21,23 @@ def trace(fn, *specs: tuple[tuple[int, ...], str], dtype=torch.float32) -> torch
     """``fn`` traced to ATen on fake tensors of these (shape, device)s."""
     with fake_cuda_guard(), FakeTensorMode(allow_non_fake_inputs=True):
         return make_fx(fn)(*(torch.empty(shape, device=device, dtype=dtype) for shape, device in specs))
+
+
+@pytest.mark.parametrize(
+    ("fn", "work"),
+    [
+        (lambda x: x.view(-1)[1:].unsqueeze(0).expand(2, -1), False),  # views only
+        (lambda x: x.view(x.shape[0] * x.shape[1]), False),  # shape arithmetic and a view
+        (lambda x: x.view(-1) * 2, True),
+        (lambda x: torch._foreach_add_([x], 1), True),  # in place, returning nothing
+        (lambda x: torch.empty_like(x), True),  # an allocation: counted as work (it errs towards capturing)
+    ],
+)
+def test_a_graph_launches_device_work_unless_it_only_views_and_sizes(fn, work):
+    gm = trace(fn, ((4, 6), "cuda"))
+    assert any(map(launches, gm.graph.nodes)) is work
+    plan = plan_capture(gm, mode="reduce-overhead", device=torch.device("cuda"), can_capture=True)
+    assert plan.capture is work and (plan.uncapturable == NOTHING_TO_CAPTURE) is not work
 
 
 def test_a_graph_on_two_gpus_is_refused():

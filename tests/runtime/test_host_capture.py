@@ -8,10 +8,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from airgraph.lowering.capture_plan import NOTHING_TO_CAPTURE
 from airgraph.models import build_tiny_llama, decode_inputs
 from airgraph.runtime.device import CudaRuntime
 from tests.helpers import assert_close, compile_with
-from tests.passes.test_host_placement import fragment
+from tests.passes.test_host_placement import fragment, scaled_fragment
 from tests.test_plan import hf_positions
 
 pytestmark = pytest.mark.cuda
@@ -95,6 +96,18 @@ def test_static_host_work_runs_at_capture_and_replays_as_constants(kernel_backen
 
 
 @pytest.mark.parametrize("kernel_backend", ["aten", "inductor"])
+def test_a_fragment_left_without_device_work_is_not_captured(kernel_backend, scalar_outputs, recwarn):
+    """Placed, the seed fragment leaves the device a view: at 1cda07b its captures made CUDA warn "The CUDA Graph
+    is empty" (four times in this file's run); it runs uncaptured, as eager would, with the reason."""
+    compiled, backend = compile_with(fragment, mode="reduce-overhead", kernel_backend=kernel_backend)
+    for shape in [(4, 6)] * 2 + [(3, 8)] * 2:
+        x = torch.randn(shape, device="cuda")
+        assert_close(compiled(x), fragment(x))
+    assert not empty_graph_warnings(recwarn)
+    assert backend.reports and all(r.uncaptured_reason == NOTHING_TO_CAPTURE for r in backend.reports)
+
+
+@pytest.mark.parametrize("kernel_backend", ["aten", "inductor"])
 def test_per_call_host_work_runs_before_every_replay(kernel_backend):
     compiled, backend = compile_with(gather_rows, mode="reduce-overhead", kernel_backend=kernel_backend)
     x = torch.randn(8, 4, device="cuda")
@@ -173,12 +186,17 @@ def test_host_placement_off_gives_the_same_results(scalar_outputs):
     assert not host_nodes(backend)
 
 
+def empty_graph_warnings(recwarn) -> list[str]:
+    return [str(w.message) for w in recwarn if "CUDA Graph is empty" in str(w.message)]
+
+
 @pytest.mark.parametrize("kernel_backend", ["aten", "inductor"])
-def test_seed_fragment_is_captured_with_its_host_work_once_per_key(kernel_backend, scalar_outputs):
-    compiled, backend = compile_with(fragment, mode="reduce-overhead", kernel_backend=kernel_backend)
+def test_seed_fragment_is_captured_with_its_host_work_once_per_key(kernel_backend, scalar_outputs, recwarn):
+    compiled, backend = compile_with(scaled_fragment, mode="reduce-overhead", kernel_backend=kernel_backend)
     for shape in [(4, 6)] * 3 + [(3, 8)] * 3:
         x = torch.randn(shape, device="cuda")
-        assert_close(compiled(x), fragment(x))
+        assert_close(compiled(x), scaled_fragment(x))
+    assert not empty_graph_warnings(recwarn)
     for report in backend.reports:
         assert report.captured and report.uncaptured_reason is None
         assert report.host_prologue["static"] and not report.host_prologue["per_call"]

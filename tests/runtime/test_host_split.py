@@ -12,14 +12,14 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from airgraph.graph.fake_guard import fake_cuda_guard
-from airgraph.lowering.capture_plan import find_uncapturable, plan_host_work
+from airgraph.lowering.capture_plan import NOTHING_TO_CAPTURE, find_uncapturable, plan_host_work
 from airgraph.models import build_tiny_llama, decode_inputs
 from airgraph.passes import run_pipeline
 from airgraph.runtime.capture import CaptureState
 from airgraph.runtime.host import HostSplit
 from airgraph.runtime.simulated import SimulatedCuda
 from tests.helpers import assert_close, compile_with
-from tests.passes.test_host_placement import context, fragment
+from tests.passes.test_host_placement import context, fragment, scaled_fragment
 
 
 def run(sim: SimulatedCuda, compiled, *args):
@@ -54,12 +54,13 @@ def scalar_outputs():
 
 
 def test_seed_fragment_runs_its_host_work_once_per_key_around_the_replays(scalar_outputs, captures):
-    """Seed 003's Shape -> Gather -> Concat -> Reshape: on the host, once per shape key; the reshape replayed."""
+    """Seed 003's Shape -> Gather -> Concat -> Reshape: on the host, once per shape key; the reshape and the
+    scaling replayed."""
     sim = SimulatedCuda()
-    compiled, backend = compile_with(fragment, runtime=sim, mode="reduce-overhead", kernel_backend="aten")
+    compiled, backend = compile_with(scaled_fragment, runtime=sim, mode="reduce-overhead", kernel_backend="aten")
     for shape in [(4, 6)] * 3 + [(3, 8)] * 3:
         x = sim.to_device(torch.randn(shape))
-        assert_close(run(sim, compiled, x), fragment(x))
+        assert_close(run(sim, compiled, x), scaled_fragment(x))
     sim.check()
     assert len(backend.reports) == 2  # one graph per shape (static shapes)
     for report, capture in zip(backend.reports, captures, strict=True):
@@ -70,6 +71,31 @@ def test_seed_fragment_runs_its_host_work_once_per_key_around_the_replays(scalar
         assert [s.placement for s in report.segments] == ["host", "device"]
         (entry,) = capture._keys.values()
         assert entry.state is CaptureState.CAPTURED and entry.replays == 2
+
+
+def test_a_graph_left_without_device_work_is_not_captured(scalar_outputs, captures, monkeypatch, recwarn):
+    """Placed, the fragment alone leaves the device a reshape of its input (a view): no kernel. Captured, its CUDA
+    graph would be empty (the H100 warned "The CUDA Graph is empty" four times in test_host_capture.py) and each
+    replay would still copy the input into its buffer first. It runs uncaptured, with the reason, and no warning."""
+    recordings, real = [], SimulatedCuda.capture
+
+    def recorded(self, fn, args, **kwargs):
+        recordings.append(fn)
+        return real(self, fn, args, **kwargs)
+
+    monkeypatch.setattr(SimulatedCuda, "capture", recorded)
+    sim = SimulatedCuda()
+    compiled, backend = compile_with(fragment, runtime=sim, mode="reduce-overhead", kernel_backend="aten")
+    for shape in [(4, 6)] * 3 + [(3, 8)] * 2:
+        x = sim.to_device(torch.randn(shape))
+        out = run(sim, compiled, x)
+        assert_close(out, fragment(x))
+        assert out.data_ptr() == x.data_ptr()  # the view eager returns: no copy either
+    assert len(backend.reports) == 2 and not captures and not recordings
+    for report in backend.reports:
+        assert not report.captured and report.uncaptured_reason == NOTHING_TO_CAPTURE
+        assert report.host_placement["syncs_removed"] >= 2
+    assert not [str(w.message) for w in recwarn if "airgraph" in str(w.message)]
 
 
 @pytest.mark.parametrize("input_copies", ["launch", "in-graph"])

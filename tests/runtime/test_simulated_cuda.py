@@ -452,14 +452,15 @@ def test_an_expanded_output_is_copied_with_its_layout():
 
 class Positional(torch.nn.Module):
     """Reads a slice of a buffer at the step's offset, then (after a graph break) uses it: the second graph
-    gets a view of the buffer at a new address every step."""
+    gets a view of the buffer at a new address every step. (The first graph does device work too: one of views
+    only is not captured, and its buffer would not be known as a recorded graph's static input.)"""
 
     def __init__(self) -> None:
         super().__init__()
         self.register_buffer("table", torch.randn(16, 8))
 
     def forward(self, x: torch.Tensor, step: int) -> torch.Tensor:
-        row = self.table.narrow(0, step, 1)
+        row, x = self.table.narrow(0, step, 1), x + 1
         torch._dynamo.graph_break()
         return x * row
 
@@ -671,6 +672,26 @@ def test_a_recordings_outputs_hold_no_results_until_a_replay():
     graph.replay()
     for got, expected in zip(outputs, want, strict=True):
         assert_close(got, expected)
+
+
+@pytest.mark.simulator_problems  # (it checks the reports itself)
+def test_a_recording_without_device_work_is_reported():
+    """CUDA warns "The CUDA Graph is empty" for a recording of views only (the H100 did, four times, for the seed
+    fragment that host placement left a reshape); the simulator reports it. Writing an argument, or making a new
+    output, is work; a recording without outputs (the memory pool's keeper) is not looked at."""
+    sim = SimulatedCuda()
+
+    def recorded(fn, *args) -> list[str]:
+        sim.capture(fn, list(args), pool=sim.pool_handle(), stream=sim.new_stream(), device=None)
+        problems, sim.problems = sim.problems, []
+        return problems
+
+    x = torch.randn(4, 6)
+    (problem,) = recorded(lambda args: [args[0].view(24), args[0].t()], x)
+    assert "does no device work" in problem and "The CUDA Graph is empty" in problem
+    assert recorded(lambda args: [args[0].view(24) * 2], x) == []
+    assert recorded(lambda args: [args[0].add_(1).view(24)], x) == []
+    assert recorded(lambda args: [], x) == []
 
 
 def test_attention_traces_as_the_math_kernel_on_any_machine():

@@ -31,6 +31,7 @@ import airgraph
 from airgraph.backend import AirgraphBackend
 from airgraph.export import ExportError
 from airgraph.export.runner import load_export, run_export
+from airgraph.lowering.capture_plan import NOTHING_TO_CAPTURE
 from airgraph.runtime.simulated import SimulatedCuda
 from tests.zoo import registry
 from tests.zoo.compare import assert_grads_close, assert_state_close, assert_tensors_close, clone_inputs, tensors
@@ -136,7 +137,10 @@ def test_train_step(spec: Spec, mode: str) -> None:
     assert {r.kind for r in backend.reports} >= {"forward", "backward"}
     if sim is not None:
         sim.check()
-        assert all(r.captured for r in backend.reports), [(r.kind, r.uncaptured_reason) for r in backend.reports]
+        # every graph captured, but one of views only (nothing to capture: wav2vec2 has one between graph breaks)
+        kept = [r for r in backend.reports if r.uncaptured_reason != NOTHING_TO_CAPTURE]
+        assert all(r.captured for r in kept), [(r.kind, r.uncaptured_reason) for r in backend.reports]
+        assert {r.kind for r in kept} >= {"forward", "backward"}
 
 
 @pytest.mark.parametrize("spec", cases(("export",)))
