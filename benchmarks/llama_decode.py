@@ -12,7 +12,10 @@ cost is the wall time of issuing one airgraph reduce-overhead decode call withou
 guards, AOTAutograd's wrapper, input copies, the replay launch and the output copy), over a burst short
 enough that the GPU never makes the host wait. Then what torch costs to launch the same step at all
 (``launch_floor_us``), and what other ways to put the inputs into the graph's buffers would cost
-(``input_copy_mechanisms``: the input-copy launch is most of that floor).
+(``input_copy_mechanisms``: the input-copy launch is most of that floor). Every timing runs before the profiler
+first runs in the process: it leaves CUPTI loaded (``TEARDOWN_CUPTI=0``, which live CUDA graphs need), and CUDA calls
+cost the host more from then on; ``launch_floor_after_profiler_us`` times the floor again after the profiles, to
+show by how much.
 """
 
 from __future__ import annotations
@@ -89,15 +92,60 @@ def _copies(variant: str) -> Iterator[None]:
 
 
 def host_cost_us(preset: str, variant: str, bursts: int = 20, calls: int = 20, device: str = "cuda") -> dict[str, Any]:
-    """Host time to issue one decode call of ``variant`` without synchronizing (median over bursts short enough
-    that the GPU never makes the host wait; ``us_per_call_short``: bursts of 4 calls, which would be cheaper per
-    call if the device's launch queue made the longer bursts wait), and where it goes: the profiler's self CPU time
-    per call of the ten costliest events (aten ops and CUDA runtime calls such as cudaGraphLaunch or
-    cudaMemcpyAsync), and cProfile's own time per call of the twelve costliest Python functions and C calls
-    (Dynamo, AOTAutograd, airgraph's replay, ``CUDAGraph.replay``). Both profilers add their own cost: the shares
-    are the point, not the sums."""
+    """Host time to issue one decode call of ``variant`` without synchronizing: the median over bursts short enough
+    that the GPU never makes the host wait (``us_per_call_short``: bursts of 4 calls, which would be cheaper per
+    call if the device's launch queue made the longer bursts wait). Timed in a process the profiler has not run in
+    yet (main: the profiles come after every timing; :func:`host_profile`)."""
     with _copies(variant):
-        return _host_cost_us(preset, variant, bursts, calls, device)
+        step, tokens, pos, sync = _warmed(preset, variant, device)
+        with torch.no_grad():
+            if variant == STATIC_INPUTS and capture_and_key(step, tokens, pos)[1].copy_indices:
+                raise RuntimeError("the inputs marked static are copied into buffers: the variant measures nothing new")
+            if variant == IN_GRAPH_COPIES and capture_and_key(step, tokens, pos)[1].batches:
+                raise RuntimeError("the inputs are copied by a launch: the variant measures nothing new")
+            # Each call's inputs from one of two sets in turn, at other addresses (a decode loop's new tensors: an
+            # in-graph copy is pointed at each); static input buffers are the same tensors every call
+            sets = [(tokens, pos)] * 2 if variant == STATIC_INPUTS else [(tokens, pos), (tokens.clone(), pos.clone())]
+            samples, short = [], []
+            for _ in range(bursts):
+                for n, into in ((calls, samples), (4, short)):
+                    sync()
+                    start = time.perf_counter()
+                    for i in range(n):
+                        step(*sets[i & 1])  # the output dropped at once: a replay then copies nothing
+                    into.append((time.perf_counter() - start) / n * 1e6)
+            sync()
+    return {"us_per_call": statistics.median(samples), "us_per_call_short": statistics.median(short)}
+
+
+def host_profile(preset: str, variant: str, calls: int = 20, device: str = "cuda") -> dict[str, Any]:
+    """Where a call of ``variant``'s host time goes: the profiler's self CPU time per call of the ten costliest
+    events (aten ops and CUDA runtime calls such as cudaGraphLaunch or cudaMemcpyAsync), and cProfile's own time per
+    call of the twelve costliest Python functions and C calls (Dynamo, AOTAutograd, airgraph's replay,
+    ``CUDAGraph.replay``). Both profilers add their own cost: the shares are the point, not the sums. The profiler
+    leaves CUPTI loaded (``TEARDOWN_CUPTI=0``, which live CUDA graphs need), and CUDA calls cost the host more from
+    then on (``launch_floor_after_profiler_us``): main runs this after every timing."""
+    with _copies(variant):
+        step, tokens, pos, sync = _warmed(preset, variant, device)
+        with torch.no_grad():
+            python = cProfile.Profile()
+            python.enable()
+            for _ in range(calls):
+                step(tokens, pos)
+            python.disable()
+            sync()
+            activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+            with torch.profiler.profile(activities=activities) as prof:
+                for _ in range(calls):
+                    step(tokens, pos)
+                sync()
+    events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    profile = {
+        e.key: round(e.self_cpu_time_total / calls, 2)
+        for e in events[:10]
+        if e.self_cpu_time_total and "Synchronize" not in e.key
+    }
+    return {"profile_self_cpu_us_per_call": profile, "python_own_us_per_call": _python_breakdown(python, calls)}
 
 
 def _warmed(preset: str, variant: str, device: str) -> tuple[Any, torch.Tensor, torch.Tensor, Any]:
@@ -111,50 +159,6 @@ def _warmed(preset: str, variant: str, device: str) -> tuple[Any, torch.Tensor, 
         for _ in range(5):
             step(tokens, pos)
     return step, tokens, pos, torch.cuda.synchronize if device == "cuda" else (lambda: None)
-
-
-def _host_cost_us(preset: str, variant: str, bursts: int, calls: int, device: str) -> dict[str, Any]:
-    step, tokens, pos, sync = _warmed(preset, variant, device)
-    with torch.no_grad():
-        if variant == STATIC_INPUTS and capture_and_key(step, tokens, pos)[1].copy_indices:
-            raise RuntimeError("the inputs marked static are copied into buffers: the variant measures nothing new")
-        if variant == IN_GRAPH_COPIES and capture_and_key(step, tokens, pos)[1].batches:
-            raise RuntimeError("the inputs are copied by a launch: the variant measures nothing new")
-        # Each call's inputs from one of two sets in turn, at other addresses (a decode loop's new tensors: an
-        # in-graph copy is pointed at each); static input buffers are the same tensors every call
-        sets = [(tokens, pos)] * 2 if variant == STATIC_INPUTS else [(tokens, pos), (tokens.clone(), pos.clone())]
-        samples, short = [], []
-        for _ in range(bursts):
-            for n, into in ((calls, samples), (4, short)):
-                sync()
-                start = time.perf_counter()
-                for i in range(n):
-                    step(*sets[i & 1])  # the output dropped at once: a replay then copies nothing
-                into.append((time.perf_counter() - start) / n * 1e6)
-        sync()
-        python = cProfile.Profile()
-        python.enable()
-        for _ in range(calls):
-            step(tokens, pos)
-        python.disable()
-        sync()
-        activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-        with torch.profiler.profile(activities=activities) as prof:
-            for _ in range(calls):
-                step(tokens, pos)
-            sync()
-    events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
-    profile = {
-        e.key: round(e.self_cpu_time_total / calls, 2)
-        for e in events[:10]
-        if e.self_cpu_time_total and "Synchronize" not in e.key
-    }
-    return {
-        "us_per_call": statistics.median(samples),
-        "us_per_call_short": statistics.median(short),
-        "profile_self_cpu_us_per_call": profile,
-        "python_own_us_per_call": _python_breakdown(python, calls),
-    }
 
 
 def launch_floor_us(preset: str, bursts: int = 20, calls: int = 20, device: str = "cuda") -> dict[str, float]:
@@ -327,6 +331,15 @@ def _python_breakdown(profile: cProfile.Profile, calls: int, top: int = 12) -> d
     return result
 
 
+def _kept(measure: Any, *args: Any) -> dict[str, Any]:
+    """``measure(*args)``, or its error: one measurement's failure (the profiler, say) leaves the others' figures."""
+    try:
+        return measure(*args)
+    except Exception as error:
+        print(f"{getattr(measure, '__name__', measure)}{args}: failed: {type(error).__name__}: {error}")
+        return {"error": f"{type(error).__name__}: {error}"}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="tiny")
@@ -347,39 +360,42 @@ def main(argv: list[str] | None = None) -> int:
     result.update({k: v for k, v in environment(torch.device("cuda")).items() if k not in result})
     print(result["ratios"])
     write_json(result, args.output)  # the latency table kept whatever the host-cost part below does
+    # Every timing first, then the profiles: the profiler leaves CUPTI loaded, and CUDA calls cost the host more
+    # from then on (at 1cda07b, timed after it: CUDAGraph.replay() of the tiny step 13.6-14.1 us, against 2.9-5.2
+    # us in processes that never profiled)
     host: dict[str, Any] = {}
-    for variant, field in (
+    result["host_cost"] = host
+    variants = [
         ("airgraph", "replay"),
         ("airgraph fast-path", "fast_path_call"),
         ("torch.compile", "torch_compile_call"),
         (COPY_PER_INPUT, "fast_path_call_copy_per_input"),
         (STATIC_INPUTS, "fast_path_call_static_inputs"),
         (IN_GRAPH_COPIES, "fast_path_call_in_graph_copies"),
-    ):
-        try:
-            cost = host[variant] = host_cost_us(args.preset, variant)
-        except Exception as error:  # one variant's failure (the profiler, say) leaves the others' figures
-            host[variant] = {"error": f"{type(error).__name__}: {error}"}
-            print(f"{variant}: host cost failed: {host[variant]['error']}")
-            continue
-        result[f"host_cost_per_{field}_us"] = cost["us_per_call"]
-        print(
-            f"{variant}: host cost {cost['us_per_call']:.1f} us per call in bursts of 20, "
-            f"{cost['us_per_call_short']:.1f} us in bursts of 4"
-        )
-        print(f"{variant}: self CPU us per call (profiled)", cost["profile_self_cpu_us_per_call"])
-        print(f"{variant}: Python's own us per call (cProfile)", cost["python_own_us_per_call"])
-        result["host_cost"] = host
+    ]
+    for variant, field in variants:
+        cost = host[variant] = _kept(host_cost_us, args.preset, variant)
+        if "error" not in cost:
+            result[f"host_cost_per_{field}_us"] = cost["us_per_call"]
+            print(
+                f"{variant}: host cost {cost['us_per_call']:.1f} us per call in bursts of 20, "
+                f"{cost['us_per_call_short']:.1f} us in bursts of 4"
+            )
         write_json(result, args.output)
-    result["host_cost"] = host
     for field, measure in (("launch_floor_us", launch_floor_us), ("input_copy_mechanisms", input_copy_mechanisms)):
-        try:
-            result[field] = measure(args.preset)
-            print(f"{field}:", result[field])
-        except Exception as error:  # (the figures above are kept whatever this one does)
-            result[field] = {"error": f"{type(error).__name__}: {error}"}
-            print(f"{field} failed: {result[field]['error']}")
+        result[field] = _kept(measure, args.preset)
+        print(f"{field}:", result[field])
         write_json(result, args.output)
+    result["profiled_after_the_timings"] = True
+    for variant, _ in variants:
+        if "error" not in host[variant]:
+            host[variant].update(_kept(host_profile, args.preset, variant))
+            print(f"{variant}: self CPU us per call (profiled)", host[variant].get("profile_self_cpu_us_per_call"))
+            print(f"{variant}: Python's own us per call (cProfile)", host[variant].get("python_own_us_per_call"))
+        write_json(result, args.output)
+    result["launch_floor_after_profiler_us"] = _kept(launch_floor_us, args.preset)
+    print("launch_floor_after_profiler_us:", result["launch_floor_after_profiler_us"])
+    write_json(result, args.output)
     return 0
 
 
