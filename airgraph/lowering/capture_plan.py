@@ -70,18 +70,38 @@ NOTHING_TO_CAPTURE = "nothing to capture: the graph launches no device work (vie
 
 
 def launches(node: torch.fx.Node) -> bool:
-    """Whether ``node`` may launch device work: a call on the device, with a tensor among its inputs or outputs,
-    that is not a view, a size or an item of a tuple (shape arithmetic and checks of SymInts read no tensor).
-    Erring towards yes (an allocation, an in-place op returning nothing, a device assert, any higher-order op): a
-    graph of none of them is not captured, as its CUDA graph would hold nothing to replay (only its input copies,
-    had it been captured)."""
-    if node.op != "call_function" or on_host(node) or node.target is operator.getitem or node.target in METADATA_OPS:
-        return False
-    if isinstance(node.target, torch._ops.HigherOrderOperator):
+    """Whether ``node`` may launch device work: a call on the device that takes or makes a tensor and is not a view
+    (an op whose every output aliases an input without writing it), a size or an item of a tuple (shape arithmetic
+    and checks of SymInts, ``_assert_scalar`` say, touch no tensor). Erring towards yes (an allocation, an in-place
+    op returning nothing, an op that reads an input under an alias annotation and returns nothing, a device assert,
+    any higher-order op, a Python call without a value, a module or method call): a graph of none of them is not
+    captured, as its CUDA graph would hold nothing to replay (only its input copies, had it been captured)."""
+    target = node.target
+    if node.op in ("call_module", "call_method"):
         return True
-    if isinstance(node.target, torch._ops.OpOverload) and node.target.is_view:
+    if node.op != "call_function" or on_host(node) or target is operator.getitem or target in METADATA_OPS:
         return False
-    return bool(tensors([node.meta.get("val"), *(n.meta.get("val") for n in node.all_input_nodes)]))
+    if isinstance(target, torch._ops.HigherOrderOperator):
+        return True
+    if isinstance(target, torch._ops.OpOverload):  # by its schema: a node that returns nothing has no value
+        schema = target._schema
+        return not _is_view(target) and any("Tensor" in str(a.type) for a in (*schema.arguments, *schema.returns))
+    if "val" not in node.meta:
+        return True
+    return bool(tensors([node.meta["val"], *(n.meta.get("val") for n in node.all_input_nodes)]))
+
+
+# Views that their schema does not call one (no alias annotation): no kernel either
+_UNANNOTATED_VIEWS = frozenset({torch.ops.aten._unsafe_view.default})
+
+
+def _is_view(op: torch._ops.OpOverload) -> bool:
+    """Every output of ``op`` aliases an input it does not write (``is_view`` alone holds for an op that reads an
+    aliased input and returns nothing, a collective's put say), or ``op`` is a view its schema does not annotate."""
+    if op in _UNANNOTATED_VIEWS:
+        return True
+    returns = op._schema.returns
+    return op.is_view and bool(returns) and all(r.alias_info is not None for r in returns)
 
 
 STATIC, PER_CALL, ON_DEVICE = "static", "per_call", "device"  # where a node's value comes from (its origin)

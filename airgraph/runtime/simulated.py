@@ -255,6 +255,7 @@ class SimulatedCuda:
         nodes: runtime/feeding.py), kept as CUDA keeps them, by address only (weak references)."""
         self.synchronize()
         saved = [(a, a.clone()) for a in args if isinstance(a, torch.Tensor)]
+        versions = [a._version for a, _ in saved]  # an in-place op bumps its argument's, whatever it wrote
         rng = torch.get_rng_state()  # nor does it draw random numbers
         graph = SimGraph(self, pool, fn)
 
@@ -274,7 +275,7 @@ class SimulatedCuda:
                 graph.outputs = record(graph, recorded, list(args))
             graph.hold(args)
             graph.fed = _fed_sources(fed)
-            if _did_nothing(graph.outputs, saved):
+            if _did_nothing(graph.outputs, saved, versions):
                 self.problems.append(
                     "a graph was recorded that does no device work (its outputs are views of its arguments, which "
                     "it left as they were): CUDA warns 'The CUDA Graph is empty' and a replay only costs a launch; "
@@ -504,16 +505,19 @@ def _unwritten(outputs: Any, args: list) -> None:
             memory.bitwise_not_()
 
 
-def _did_nothing(outputs: Any, saved: list[tuple[torch.Tensor, torch.Tensor]]) -> bool:
+def _did_nothing(outputs: Any, saved: list[tuple[torch.Tensor, torch.Tensor]], versions: list[int]) -> bool:
     """Whether a recording did no device work, as far as its memory tells: every output is a view of an argument
-    (nothing allocated and written), and every argument holds what it held before (``saved``: each with its copy;
-    NaN counts as written). A recording that only allocates counts as work: a CUDA graph of one is as empty. One
-    without outputs is not looked at: a compiled graph has some; the memory pool's keeper (capture.py) has none."""
+    (nothing allocated and written), and no argument was written: its version counter is where it was (``versions``;
+    an in-place op writing the values already there counts as work, as its kernel does) and it holds what it held
+    before (``saved``: each with its copy; a compiled kernel writes without bumping a version; NaN counts as
+    written). A recording that only allocates counts as work: a CUDA graph of one is as empty. One without outputs
+    is not looked at: a compiled graph has some; the memory pool's keeper (capture.py) has none."""
     taken = {storage(a) for a, _ in saved}
     outs = [out for out in tree_leaves(outputs) if isinstance(out, torch.Tensor)]
     if not outs or any(storage(out) not in taken for out in outs):
         return False
-    return all(torch.equal(a, before) for a, before in saved)
+    unchanged = zip(saved, versions, strict=True)
+    return all(a._version == version and torch.equal(a, before) for (a, before), version in unchanged)
 
 
 def _copy_memory(dst: torch.Tensor, src: torch.Tensor) -> None:

@@ -23,21 +23,46 @@ def trace(fn, *specs: tuple[tuple[int, ...], str], dtype=torch.float32) -> torch
         return make_fx(fn)(*(torch.empty(shape, device=device, dtype=dtype) for shape, device in specs))
 
 
+@pytest.fixture(scope="module")
+def put_op():
+    """An op that reads its input under an alias annotation and returns nothing (as symmetric memory's puts do):
+    ``is_view`` holds for it, yet it does device work."""
+    lib = torch.library.Library("airgraph_capture_plan_test", "FRAGMENT")
+    lib.define("put(Tensor(a) x) -> ()")
+    lib.impl("put", lambda x: None, "CompositeExplicitAutograd")
+    torch.library.register_fake("airgraph_capture_plan_test::put", lambda x: None, lib=lib)
+    yield torch.ops.airgraph_capture_plan_test.put
+    lib._destroy()
+
+
+def put_then_view(x: torch.Tensor) -> torch.Tensor:
+    torch.ops.airgraph_capture_plan_test.put(x)
+    return x.view(-1)
+
+
 @pytest.mark.parametrize(
     ("fn", "work"),
     [
         (lambda x: x.view(-1)[1:].unsqueeze(0).expand(2, -1), False),  # views only
         (lambda x: x.view(x.shape[0] * x.shape[1]), False),  # shape arithmetic and a view
+        (lambda x: torch.ops.aten._unsafe_view(x, [24]), False),  # a view its schema does not call one
         (lambda x: x.view(-1) * 2, True),
         (lambda x: torch._foreach_add_([x], 1), True),  # in place, returning nothing
         (lambda x: torch.empty_like(x), True),  # an allocation: counted as work (it errs towards capturing)
+        (put_then_view, True),
     ],
 )
-def test_a_graph_launches_device_work_unless_it_only_views_and_sizes(fn, work):
+def test_a_graph_launches_device_work_unless_it_only_views_and_sizes(fn, work, put_op):
     gm = trace(fn, ((4, 6), "cuda"))
     assert any(map(launches, gm.graph.nodes)) is work
     plan = plan_capture(gm, mode="reduce-overhead", device=torch.device("cuda"), can_capture=True)
     assert plan.capture is work and (plan.uncapturable == NOTHING_TO_CAPTURE) is not work
+
+
+def test_an_op_reading_an_aliased_input_and_returning_nothing_is_work_though_is_view_holds(put_op):
+    gm = trace(put_then_view, ((4, 6), "cuda"))
+    (put,) = gm.graph.find_nodes(op="call_function", target=put_op.default)
+    assert put_op.default.is_view and launches(put)
 
 
 def test_a_graph_on_two_gpus_is_refused():

@@ -691,6 +691,7 @@ def test_a_recording_without_device_work_is_reported():
     assert "does no device work" in problem and "The CUDA Graph is empty" in problem
     assert recorded(lambda args: [args[0].view(24) * 2], x) == []
     assert recorded(lambda args: [args[0].add_(1).view(24)], x) == []
+    assert recorded(lambda args: [args[0].mul_(1).view(24)], x) == []  # a kernel, whatever it wrote
     assert recorded(lambda args: [], x) == []
 
 
