@@ -388,8 +388,9 @@ def main(argv: list[str] | None = None) -> int:
         write_json(result, args.output)
     result["profiled_after_the_timings"] = True
     for variant, _ in variants:
-        if "error" not in host[variant]:
-            host[variant].update(_kept(host_profile, args.preset, variant))
+        if "error" not in host[variant]:  # (a failed profile is its own key: the timing stays a result)
+            profile = _kept(host_profile, args.preset, variant)
+            host[variant].update({"profile_error": profile["error"]} if "error" in profile else profile)
             print(f"{variant}: self CPU us per call (profiled)", host[variant].get("profile_self_cpu_us_per_call"))
             print(f"{variant}: Python's own us per call (cProfile)", host[variant].get("python_own_us_per_call"))
         write_json(result, args.output)
