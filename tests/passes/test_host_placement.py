@@ -209,7 +209,7 @@ def test_a_real_device_constant_is_copied_to_the_host_outside_the_compiles_fake_
     (to_device,) = gm.graph.find_nodes(op="call_function", target=aten._to_copy.default)
     gm._device_constant = torch.tensor([4, 6])  # the real constant a GPU trace holds
     with gm.graph.inserting_before(to_device):
-        constant = gm.graph.get_attr("_device_constant")
+        constant = gm.graph.create_node("get_attr", "_device_constant")  # (as make_fx does: FX's get_attr warns)
     constant.meta["val"] = to_device.meta["val"]  # on cuda:0
     to_device.replace_all_uses_with(constant)
     gm.graph.eliminate_dead_code()
