@@ -52,17 +52,23 @@ def _simulators_checked(request: pytest.FixtureRequest, monkeypatch: pytest.Monk
         return
     from airgraph.runtime.simulated import SimulatedCuda
 
-    made: list[SimulatedCuda] = []
-    init = SimulatedCuda.__init__
-
-    def tracked(self, *args, **kwargs):
-        init(self, *args, **kwargs)
-        made.append(self)
-
-    monkeypatch.setattr(SimulatedCuda, "__init__", tracked)
+    made = instances_made(monkeypatch, SimulatedCuda)
     yield
     for sim in made:
         sim.check()
+
+
+def instances_made(monkeypatch: pytest.MonkeyPatch, cls: type) -> list:
+    """Every instance of ``cls`` made from now until the test ends, in order (its ``__init__`` wrapped)."""
+    made: list = []
+    init = cls.__init__
+
+    def tracked(self, *args, **kwargs) -> None:
+        init(self, *args, **kwargs)
+        made.append(self)
+
+    monkeypatch.setattr(cls, "__init__", tracked)
+    return made
 
 
 @pytest.fixture
@@ -130,12 +136,4 @@ def fixed_machine(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.Temp
 @pytest.fixture
 def captures(monkeypatch: pytest.MonkeyPatch) -> list[capture_module.GraphCapture]:
     """Every GraphCapture made during the test, in order (their keys say what was recorded and replayed)."""
-    made: list[capture_module.GraphCapture] = []
-    original = capture_module.GraphCapture.__init__
-
-    def init(self, *args, **kwargs) -> None:
-        original(self, *args, **kwargs)
-        made.append(self)
-
-    monkeypatch.setattr(capture_module.GraphCapture, "__init__", init)
-    return made
+    return instances_made(monkeypatch, capture_module.GraphCapture)
