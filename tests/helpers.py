@@ -7,6 +7,7 @@ import importlib.util
 import socket
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import airgraph
 from airgraph.backend import AirgraphBackend
 from airgraph.lowering.lower import lower_segments
 from airgraph.lowering.select import GraphRequest
+from airgraph.runtime.simulated import SimGraph, SimulatedCuda
 
 TOLERANCES = {
     torch.float32: {"atol": 1e-4, "rtol": 1e-4},
@@ -52,6 +54,43 @@ def compile_with(fn: Any, *, dynamic: bool | None = None, fullgraph: bool = Fals
     """``fn`` compiled with a fresh backend of these options (``runtime``: e.g. a SimulatedCuda), and the backend."""
     backend = AirgraphBackend(make_config(**options), runtime=runtime)
     return torch.compile(fn, backend=backend, dynamic=dynamic, fullgraph=fullgraph), backend
+
+
+@dataclass
+class Target:
+    """Where a capture test runs: a real GPU, or CPU tensors with CUDA streams and graphs simulated (a test
+    marked `cuda` as a whole runs on the GPU only)."""
+
+    device: str
+    runtime: SimulatedCuda | None
+
+    def compile(self, fn, **options):
+        """``fn`` compiled for this target (each call checked, when simulated), and its backend."""
+        compiled, backend = compile_with(fn, runtime=self.runtime, **options)
+        if self.runtime is None:
+            return compiled, backend
+
+        def checked(*args, **kwargs):
+            with self.runtime.call():
+                return compiled(*args, **kwargs)
+
+        return checked, backend
+
+    def check(self) -> None:
+        if self.runtime is not None:
+            self.runtime.check()
+
+    def new_stream(self):
+        return self.runtime.new_stream(name="caller's side stream") if self.runtime else torch.cuda.Stream()
+
+    def use(self, stream):
+        return self.runtime.use(stream) if self.runtime else torch.cuda.stream(stream)
+
+    def current_stream(self):
+        return self.runtime.current_stream() if self.runtime else torch.cuda.current_stream()
+
+    def graph_class(self) -> type:
+        return SimGraph if self.runtime else torch.cuda.CUDAGraph
 
 
 def graph_request(backend: str = "aten", *, kind: str = "inference", device: str = "cpu") -> GraphRequest:

@@ -4,7 +4,6 @@ machine only) and on the CPU with CUDA's streams and graphs simulated (runtime/s
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
 import pytest
 import torch
@@ -16,7 +15,6 @@ from torch.fx.experimental.symbolic_shapes import ShapeEnv
 from airgraph.lowering.capture_plan import find_uncapturable
 from airgraph.models import build_tiny_llama, decode_inputs, prefill_inputs
 from airgraph.runtime.capture import CaptureState
-from airgraph.runtime.simulated import SimGraph, SimulatedCuda
 from tests.helpers import assert_close, compile_with, top_level_ops
 
 # -- CPU: deciding what can be captured ----------------------------------------------------------------------
@@ -50,53 +48,6 @@ def test_find_uncapturable_names_data_dependent_shapes():
 
 
 # -- CUDA, and the same logic on the CPU through the simulated runtime ---------------------------------------
-
-
-@dataclass
-class Target:
-    """Where a capture test runs: a real GPU, or CPU tensors with CUDA streams and graphs simulated (a test
-    marked `cuda` as a whole runs on the GPU only)."""
-
-    device: str
-    runtime: SimulatedCuda | None
-
-    def compile(self, fn, **options):
-        """``fn`` compiled for this target (each call checked, when simulated), and its backend."""
-        compiled, backend = compile_with(fn, runtime=self.runtime, **options)
-        if self.runtime is None:
-            return compiled, backend
-
-        def checked(*args, **kwargs):
-            with self.runtime.call():
-                return compiled(*args, **kwargs)
-
-        return checked, backend
-
-    def check(self) -> None:
-        if self.runtime is not None:
-            self.runtime.check()
-
-    def new_stream(self):
-        return self.runtime.new_stream(name="caller's side stream") if self.runtime else torch.cuda.Stream()
-
-    def use(self, stream):
-        return self.runtime.use(stream) if self.runtime else torch.cuda.stream(stream)
-
-    def current_stream(self):
-        return self.runtime.current_stream() if self.runtime else torch.cuda.current_stream()
-
-    def graph_class(self) -> type:
-        return SimGraph if self.runtime else torch.cuda.CUDAGraph
-
-
-@pytest.fixture(params=["simulated", pytest.param("cuda", marks=pytest.mark.cuda)])
-def target(request):
-    if request.param == "cuda":
-        yield Target("cuda", None)
-        return
-    target = Target("cpu", SimulatedCuda())
-    yield target
-    target.check()  # no unordered access, early free or unjoined stream in any of the test's calls
 
 
 def mlp(device: str = "cuda") -> nn.Module:

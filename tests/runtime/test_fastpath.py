@@ -1,6 +1,6 @@
 """The fast path (runtime/fastpath.py) and outputs handed without a copy (runtime/capture.py, outputs.py), on the
 CUDA simulator: a recorded key is called past Dynamo and AOTAutograd, what a skipped guard would catch is still
-caught, and a kept output is never overwritten while a dropped one costs no copy. The tests taking ``device`` run
+caught, and a kept output is never overwritten while a dropped one costs no copy. The tests taking ``target`` run
 on a GPU too (`cuda`), with the test of a call on another device."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import airgraph
 from airgraph.config import ReduceOverheadConfig
 from airgraph.runtime import fastpath
 from airgraph.runtime.simulated import SimulatedCuda
-from tests.helpers import Step, assert_close, make_config, top_level_ops
+from tests.helpers import Step, Target, assert_close, make_config, top_level_ops
 
 
 @pytest.fixture(autouse=True, params=["last route by guards", "signatures only", "in-graph input copies"])
@@ -28,23 +28,14 @@ def matching(request, monkeypatch):
     return request.param
 
 
-@pytest.fixture(params=["simulator", pytest.param("cuda", marks=pytest.mark.cuda)])
-def device(request) -> str:
-    """Where a test's step runs: on the CUDA simulator (its tensors on the CPU stand for CUDA ones), or on a GPU
-    (`cuda`: the same test, with torch's CUDA graphs and copies)."""
-    return request.param
-
-
-def on(device: str) -> str:
-    """The torch device of a test's tensors."""
-    return "cuda" if device == "cuda" else "cpu"
-
-
-def fast_compile(model, device: str = "simulator", **options):
+def fast_compile(model, target: Target | None = None, **options):
+    """``model``'s fast path on ``target`` (tests/runtime/conftest.py: a GPU, or a simulator), by default on a new
+    simulator."""
     config = make_config(mode="reduce-overhead", kernel_backend="aten", **options)
-    if device == "cuda":
+    if target is not None and target.runtime is None:  # a GPU
         return airgraph.compile(model.cuda(), config, fast_path=True)
-    return airgraph.compile(model, config, fast_path=True, runtime=SimulatedCuda())
+    runtime = SimulatedCuda() if target is None else target.runtime
+    return airgraph.compile(model, config, fast_path=True, runtime=runtime)
 
 
 def warm(fast, *args, calls: int = 4):
@@ -54,22 +45,22 @@ def warm(fast, *args, calls: int = 4):
             fast(*args)
 
 
-def warmed_step(device: str = "simulator"):
-    """A Step, an input, and the Step's fast path with a route for that input."""
-    model, x = Step().eval(), torch.randn(4, 16, device=on(device))
-    fast = fast_compile(model, device)
+def warmed_step(target: Target | None = None):
+    """A Step, an input, and the Step's fast path with a route for that input (on ``target``: fast_compile)."""
+    model, x = Step().eval(), torch.randn(4, 16, device="cpu" if target is None else target.device)
+    fast = fast_compile(model, target)
     warm(fast, x)
     return model, x, fast
 
 
-def test_a_recorded_key_is_called_past_torch_compile_and_equals_eager(monkeypatch, device):
-    model, _, fast = warmed_step(device)
+def test_a_recorded_key_is_called_past_torch_compile_and_equals_eager(monkeypatch, target):
+    model, _, fast = warmed_step(target)
     assert fast.routes == 1 and not fast.refused
     monkeypatch.setattr(fast, "compiled", None)  # torch.compile's path is not taken any more
     before = fast.fast_calls
     with torch.no_grad():
         for i in range(3):
-            y = torch.full((4, 16), float(i), device=on(device))
+            y = torch.full((4, 16), float(i), device=target.device)
             assert_close(fast(y), model(y))
     assert fast.fast_calls == before + 3
 
@@ -189,8 +180,8 @@ def test_grad_mode_leaves_the_fast_path():
     assert model.up.weight.grad is not None
 
 
-def test_an_assigned_parameter_is_learned_again(device):
-    model, x, fast = warmed_step(device)
+def test_an_assigned_parameter_is_learned_again(target):
+    model, x, fast = warmed_step(target)
     calls = fast.fast_calls
     model.up.weight = nn.Parameter(torch.randn_like(model.up.weight))
     with torch.no_grad():
@@ -243,8 +234,8 @@ def test_parameters_replaced_by_a_conversion_are_never_read_stale(overwriting_co
     assert fast.routes == 1 and fast.fast_calls == calls + 2
 
 
-def test_a_moved_parameter_is_left_to_torch_compile(device):
-    model, x, fast = warmed_step(device)
+def test_a_moved_parameter_is_left_to_torch_compile(target):
+    model, x, fast = warmed_step(target)
     calls = fast.fast_calls
     with torch.no_grad():
         model.down.weight.data = model.down.weight.data * 2  # new memory, same Parameter object
@@ -257,7 +248,7 @@ def test_cuda_a_call_on_another_device_leaves_the_route():
     """On a GPU: a route learned for CUDA tensors is not taken by a call of CPU tensors (same shape and dtype): the
     call goes through torch.compile and runs on the CPU, as eager does."""
     model, x = Twice().eval(), torch.randn(4, 16, device="cuda")  # no parameters: any device
-    fast = fast_compile(model, "cuda")
+    fast = fast_compile(model, Target("cuda", None))
     warm(fast, x)
     with torch.no_grad():
         fast(x)  # routed: the last route
@@ -321,8 +312,8 @@ def copies(fn) -> int:
     return sum(1 for name in top_level_ops(prof.events()) if name in ("aten::copy_", "aten::clone"))
 
 
-def test_outputs_dropped_before_the_next_step_are_never_copied(device):
-    _, x, fast = warmed_step(device)
+def test_outputs_dropped_before_the_next_step_are_never_copied(target):
+    _, x, fast = warmed_step(target)
     calls = fast.fast_calls
     with torch.no_grad():
         dropped = [copies(lambda: fast(x).sum()) for _ in range(3)]  # each step's output dropped at once
@@ -333,33 +324,33 @@ def test_outputs_dropped_before_the_next_step_are_never_copied(device):
     # the output copied out. On a GPU the input's copy is a foreach copy or none (in the graph): no copy_ at all.
     assert [c - 1 for c in copied] == dropped
     assert fast.fast_calls == calls + 6
-    if device == "cuda":
+    if target.runtime is None:  # a GPU
         assert dropped == [0, 0, 0]
 
 
-def test_outputs_kept_across_steps_keep_their_values(device):
-    model, _, fast = warmed_step(device)
+def test_outputs_kept_across_steps_keep_their_values(target):
+    model, _, fast = warmed_step(target)
     calls, kept, counts = fast.fast_calls, [], []
     with torch.no_grad():
-        replay = copies(lambda: fast(torch.randn(4, 16, device=on(device))).sum())  # an output dropped at once
+        replay = copies(lambda: fast(torch.randn(4, 16, device=target.device)).sum())  # an output dropped at once
         for i in range(4):
-            x = torch.full((4, 16), float(i), device=on(device))
+            x = torch.full((4, 16), float(i), device=target.device)
             counts.append(copies(lambda x=x: kept.append(fast(x))))
         for i, out in enumerate(kept):  # step i's output, after later replays (queued, on a GPU: read in order)
-            assert_close(out, model(torch.full((4, 16), float(i), device=on(device))))
+            assert_close(out, model(torch.full((4, 16), float(i), device=target.device)))
     # each later step: the previous step's kept output moved to a copy before the replay
     assert counts == [replay, replay + 1, replay + 1, replay + 1]
     assert not fast.backend._pool.copy_outputs and fast.fast_calls == calls + 5
 
 
-def test_a_view_of_an_output_held_across_a_replay_stays_correct(device):
-    model, _, fast = warmed_step(device)
+def test_a_view_of_an_output_held_across_a_replay_stays_correct(target):
+    model, _, fast = warmed_step(target)
     rows = []
     with torch.no_grad():
         for i in range(4):
-            rows.append(fast(torch.full((4, 16), float(i), device=on(device)))[1])  # a view: the output is dropped
+            rows.append(fast(torch.full((4, 16), float(i), device=target.device))[1])  # a view: the output is dropped
         for i, row in enumerate(rows):
-            assert_close(row, model(torch.full((4, 16), float(i), device=on(device)))[1])
+            assert_close(row, model(torch.full((4, 16), float(i), device=target.device))[1])
     assert fast.backend._pool.copy_outputs  # from the first held view on, replays copy their outputs
 
 
