@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import airgraph.runtime.capture as capture_module
+from airgraph.log import forget_warnings
 from tests.helpers import cuda_unusable
 
 
@@ -19,6 +20,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_warnings():
+    """Each test sees airgraph's warn-once warnings (airgraph/log.py) as a fresh process would."""
+    forget_warnings()
+    yield
 
 
 @pytest.fixture(autouse=True)
