@@ -14,8 +14,8 @@ from airgraph.cli.common import CliError, make_console
 
 __all__ = ["DEMO_SETTINGS", "add_parsers"]
 
-# What `airgraph demo` measures: about 30 s on a 2-core CPU with cold Inductor caches, mostly the two C++
-# compiles (torch.compile and airgraph max-autotune); the decode steps themselves take well under a second.
+# What `airgraph demo` measures; its time goes mostly to the two C++ compiles (torch.compile and airgraph
+# max-autotune), not to the decode steps.
 # None: run_bench's default (DEFAULT_STEPS, DEFAULT_WARMUP, decode.default_modes(device)).
 DEMO_SETTINGS: dict[str, Any] = {
     "preset": "tiny",

@@ -1,31 +1,11 @@
 """TorchAir's deployment config files of a multi-rank export (``auto_atc_config_generated``). No torch here.
 
-With ``config.export.experimental.auto_atc_config_generated`` set, rank 0 of a multi-rank export writes two
-JSON files into export_path after every rank has committed its files (``exporter.py`` gathers what each rank
-wrote through torch.distributed). They keep the keys and value formats TorchAir's ``dynamo_export`` writes
-for CANN's ATC (``--model_relation_config`` / ``--cluster_config``), filled with this export's ranks, groups
-and models, so a deployment tool can read them; fields a PyTorch process cannot know are marked below.
-
-``model_relation_config.json``:
-
-- ``deploy_config``: one entry per rank, ``{"submodel_name": "<export_name><rank>.onnx",
-  "deploy_device_id_list": "<node_id>:0:<rank>"}``: which model runs where; ``node_id`` indexes the hosts of
-  ``numa_config.json`` (TorchAir writes ``"0:0:<rank>"``, one host);
-- ``model_name_to_instance_id``: ``{"submodel_name", "model_instance_id": rank}`` per rank;
-- ``comm_group``: one entry per process group a collective of any rank's graph uses,
-  ``{"group_name": torch's group name ("0" is the default group), "group_rank_list": "[0, 1]"}`` (the
-  global ranks as a string, as TorchAir writes it); empty when the graphs hold no collective;
-- ``rank_table``: ``{"rank_id": rank, "model_instance_id": rank}`` per rank.
-
-``numa_config.json``:
-
-- ``cluster``: ``[{"cluster_nodes": [node, ...], "nodes_toplogy": {}}]`` (TorchAir's spelling), a node per
-  distinct host the ranks ran on, in order of their lowest rank: ``{"node_id", "node_type", "hostname",
-  "ipaddr", "port", "item_list": [{"item_id": rank}, ...]}``; ``ipaddr`` is the host's address as it resolves
-  (``127.0.0.1`` when it does not), ``port`` is TorchAir's placeholder 29500 (the deployment's own port goes
-  here), ``node_type`` is ``"airgraph-host"``;
-- ``item_def``: ``[{"item_type": device}]`` per device type the ranks' example inputs were on (``"cpu"``);
-- ``node_def``: ``[{"node_type": "airgraph-host", "item": [{"item_type": device}, ...]}]``.
+With ``config.export.experimental.auto_atc_config_generated`` set, rank 0 of a multi-rank export writes
+``model_relation_config.json`` and ``numa_config.json`` into export_path after every rank has committed its
+files. They keep the keys and value formats TorchAir's ``dynamo_export`` writes for CANN's ATC
+(``--model_relation_config`` / ``--cluster_config``), TorchAir's spellings included, filled with this export's
+ranks, groups and models; fields a PyTorch process cannot know hold TorchAir's placeholders (the port).
+Every field: docs/export.md and docs/design/export-internals.md.
 """
 
 from __future__ import annotations

@@ -1,31 +1,17 @@
 """Collectives in an exported graph: ``_c10d_functional`` ops -> ``com.microsoft`` AllReduce / AllGather nodes.
 
-Dynamo turns ``torch.distributed.all_reduce(x)`` (in place) into ``_c10d_functional.all_reduce`` +
-``wait_tensor`` + ``copy_``, and ``torch.distributed.all_gather_into_tensor`` /
-``_functional_collectives.all_gather_tensor`` into ``_c10d_functional.all_gather_into_tensor`` +
-``wait_tensor``. :func:`translation_table` gives torch.onnx's exporter onnxscript functions for them:
+:func:`translation_table` gives torch.onnx's exporter onnxscript functions for what Dynamo makes of
+``torch.distributed`` collectives:
 
-- ``all_reduce(x, op, group)`` -> ``com.microsoft::AllReduce(x)`` (onnxruntime's contrib op: one input, no
-  attributes, a sum). ``op="avg"`` becomes ``AllReduce`` then ``Div`` by the group size (a standard node, so
-  any runtime with a sum-only AllReduce computes the average); ``"product"``, ``"min"``, ``"max"`` stay one
-  ``AllReduce`` whose ``airgraph.reduce_op`` metadata says so (airgraph's runner honours it; onnxruntime's own
-  kernels only sum).
-- ``all_gather_into_tensor(x, group_size, group)`` -> ``com.microsoft::AllGather(x)`` with attributes
-  ``axis=0`` (torch gathers along dim 0) and ``group_size``, as onnxruntime's contrib op defines them.
+- ``all_reduce(x, op, group)`` -> ``com.microsoft::AllReduce(x)`` (a sum); ``avg`` adds a ``Div`` by the group
+  size; ``product``, ``min``, ``max`` keep one AllReduce whose ``airgraph.reduce_op`` metadata says so;
+- ``all_gather_into_tensor(x, group_size, group)`` -> ``com.microsoft::AllGather(x)`` (``axis=0``, ``group_size``);
 - ``wait_tensor(x)`` -> ``Identity(x)`` (the optimizer removes it).
 
-Each collective node carries its group in ``metadata_props`` (strings):
-
-- ``airgraph.collective``: the torch op (``all_reduce`` or ``all_gather_into_tensor``);
-- ``airgraph.group_name``: torch's process-group name (``"0"`` is the default group);
-- ``airgraph.group_ranks``: the group's global ranks, JSON (``"[0, 1]"``);
-- ``airgraph.group_size``: their count;
-- ``airgraph.reduce_op``: AllReduce only: ``sum``, ``avg`` (the AllReduce sums; a Div follows), ``product``,
-  ``min`` or ``max``.
-
-onnx has no schema for these contrib ops, and onnxscript needs one to build a node, so
-:func:`register_schemas` registers onnxruntime's signatures (type lists widened to integer and bool tensors,
-which MPI reduces too) with ``onnx.defs`` once per process.
+Each collective node records its group in ``metadata_props``: ``airgraph.collective``, ``airgraph.group_name``,
+``airgraph.group_ranks`` (JSON), ``airgraph.group_size`` and, for AllReduce, ``airgraph.reduce_op``
+(docs/export.md). :func:`register_schemas` registers onnxruntime's signatures of these contrib ops with
+``onnx.defs`` once per process, since onnxscript needs a schema to build a node.
 """
 
 from __future__ import annotations

@@ -5,54 +5,16 @@ Pipeline (each step its own module): layout checks (``layout.py``) -> Dynamo cap
 torch's exporter and onnxscript's optimizer (``convert.py``) -> model and weight files (``weights.py``),
 ``dynamo.pbtxt`` (``pbtxt.py``), reference arrays and ``export.json``, staged and committed atomically.
 
-State: parameters and buffers become initializers holding their values at export time. Buffers updated
-in place (the tiny LLaMA's KV caches) are updated inside the exported step, but the updates are not
-outputs: the export is one stateless call from the buffers' export-time contents (for the tiny LLaMA,
-a prefill from empty caches). The eager reference run restores every buffer afterwards, so exporting does
-not change the model.
+Invariants:
 
-``export.json`` fields:
+- parameters and buffers become initializers holding their export-time values; in-place buffer updates stay
+  inside the exported step and are not outputs; the eager reference run restores every buffer, so exporting
+  does not change the model;
+- multi-rank: each rank writes only its own files; with ``auto_atc_config_generated`` rank 0 writes the ATC
+  files once every rank succeeded (exchange through the store: ``multirank.py``, ``atc_config.py``);
+- when the export returns nothing of it refers to the process group or runs in a thread (``leftovers.py``).
 
-- ``format`` ("airgraph-export"), ``format_version`` (1), ``export_name``, ``rank`` (null: single process),
-  ``model_file`` (the .onnx, relative to the export folder), ``model_class`` (module.Class);
-- ``opset`` (default-domain ONNX opset, >= 18), ``opset_imports`` ({domain: version}), ``ir_version``;
-- ``inputs`` / ``outputs``: ``[{"name", "dtype", "shape"}]`` in graph order, numpy dtype names, a shape
-  entry an int (static) or the name of a dynamic dim; tensors of the example (args, kwargs) in pytree
-  order are the inputs (non-tensor arguments are baked in as constants), outputs are ``output`` or
-  ``output_0, output_1, ...`` (the flattened tensor outputs);
-- ``dynamic`` (bool); ``dynamic_dims``: ``{name: {"min", "max", "example", "axes"}}`` (range torch.export
-  validated, None: unbounded; example size; the ``input[axis]`` entries it names); ``pinned_dims``: dims
-  ``dynamic=True`` asked for that stayed static, ``{"input[axis]": size}``;
-- ``state``: ``buffers`` (names of buffers baked in), ``mutated_buffers`` (those torch.export saw updated
-  in place), ``note``;
-- ``passes``: ``{pass name: nodes changed}`` of the passes run on the program before conversion
-  (``contiguous_view_inputs``, views.py);
-- ``module_paths``: ``{"recorded": bool, "key": "module_path"}`` (the node metadata key, see convert.py);
-- ``weights``: ``external`` (bool), ``threshold_bytes``, ``total_bytes``, ``count``, ``files``
-  ({initializer name: file}, external only);
-- ``reference``: ``{"inputs": file, "outputs": file}`` (.npz, one array per ONNX name), or nulls and a
-  ``skipped`` reason (dtypes numpy cannot store, such as bfloat16);
-- ``check_tolerances``: {dtype: [rtol, atol]} that ``airgraph run --check`` applies;
-- ``timings_s``: capture, eager_reference, convert, write, total (seconds);
-- ``config``: ``config.export`` as a dict; ``versions``: airgraph, torch, onnx, onnxscript, onnxruntime,
-  python; ``created``: UTC time;
-- ``files``: ``{relative path: {"bytes", "sha256"}}`` of every other file of the export;
-- ``distributed``: null for a single-process export; in a multi-rank export (torch.distributed initialized
-  when ``dynamo_export`` ran) ``{"world_size", "backend", "groups": {group name: [global ranks]},
-  "collectives": [...]}``, the collectives as ``collectives.collective_nodes`` lists them (node, op, group,
-  reduce op, axis, input, output).
-
-Multi-rank: every rank calls ``dynamo_export`` with the same export_path and export_name; rank r writes
-``<export_name><r>.onnx`` and ``rank_<r>/`` (layout.py). Collectives become com.microsoft AllReduce /
-AllGather nodes (collectives.py). With ``config.export.experimental.auto_atc_config_generated`` every rank
-then sends what it wrote to rank 0 through the process group's store (also when its export failed, so rank 0
-never waits forever) and rank 0 writes ``model_relation_config.json`` and ``numa_config.json``
-(atc_config.py) once all ranks succeeded (multirank.py).
-
-Leftovers (leftovers.py): when the export returns, nothing of it refers to the process group any more
-(Dynamo's captured program, default arguments of ``torch.distributed.nn.functional``), nothing of it is
-left in a gloo thread (multirank.py) and the tqdm monitor thread it started is stopped, so
-``destroy_process_group`` after a multi-rank export stops every thread of the group, as without an export.
+``export.json``'s fields: docs/export.md; the design: docs/design/export-internals.md.
 """
 
 from __future__ import annotations

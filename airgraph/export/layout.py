@@ -1,30 +1,19 @@
 """Where an export's files go, and how they get there atomically. Importable without torch.
 
-Single process (``rank=None``)::
+Single process: ``export_path/<export_name>.onnx``, ``dynamo.pbtxt``, ``export.json``, ``reference_inputs.npz``,
+``reference_outputs.npz`` and weight files past the threshold. With a rank, the model is
+``export_path/<export_name><rank>.onnx`` and every other file goes to ``export_path/rank_<rank>/`` (TorchAir's
+layout); weight locations are relative to export_path either way.
 
-    export_path/
-      <export_name>.onnx          the model; weights inside, or in the weight files below
-      dynamo.pbtxt                the graph as protobuf text, weights summarized (airgraph/export/pbtxt.py)
-      export.json                 metadata (airgraph/export/exporter.py says what it holds); written last
-      reference_inputs.npz        the example inputs, one array per ONNX input name
-      reference_outputs.npz       eager PyTorch's outputs for them, one array per ONNX output name
-      <weight files>              only past config.export.external_weights_threshold: one file per parameter
+Invariants:
 
-With a rank (multi-rank exports: torch.distributed initialized), the model is
-``export_path/<export_name><rank>.onnx`` and every other file goes to ``export_path/rank_<rank>/``, as in
-TorchAir; weight locations inside the model are relative to export_path either way. Each rank stages and
-commits only its own files (its staging directory has a unique name), and export_path itself is created
-with ``mkdir(exist_ok=True)``, so ranks exporting at once into one folder never clobber each other. With
-``auto_atc_config_generated`` rank 0 also writes ``model_relation_config.json`` and ``numa_config.json`` at
-the root (``atc_config.py``), each atomically. A multi-rank export is complete when ``rank_<r>/export.json``
-exists for every rank r below the ``distributed.world_size`` they record.
+- everything is staged in a hidden directory beside export_path, then moved in with ``os.replace``: weights,
+  pbtxt and references, the model, ``export.json`` last (an old one is removed before the first move), so a
+  folder without ``export.json`` is not a complete export and a failed export leaves export_path as it was;
+- each rank stages and commits only its own files, so ranks exporting into one folder never clobber each other;
+- other files in export_path are never touched.
 
-Atomicity: everything is written into a hidden staging directory beside export_path (inside it when the
-parent is not writable), then moved into place with ``os.replace``: weights, pbtxt and references first,
-the model next, ``export.json`` last, and an existing ``export.json`` is removed before the first move. So a
-directory without ``export.json``, or whose files differ from the sizes it lists, is not a complete export,
-and a failed export leaves export_path as it was (it is created only at that point). Only the files of
-this export are written; other files in export_path are never touched.
+The layout in full: docs/export.md and docs/design/export-internals.md.
 """
 
 from __future__ import annotations

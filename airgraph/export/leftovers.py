@@ -1,44 +1,15 @@
 """What an export must not leave behind in the process: references to the process group, and threads.
 
-``dynamo_export`` runs inside the user's process, which goes on (or exits) afterwards, so what the capture
-and the conversion created has to go when the export returns. Issue #14 (the seed's multi-card example
-sometimes died at exit) came from a process group kept alive that way: ``destroy_process_group()`` then
-drops torch's references but the group lives on, with its gloo threads (``gloo_tcp_loop``,
-``pt_gloo_runloop``), its sockets and, on rank 0, the TCPStore server thread (``pt_tcpstore_uv``), until the
-garbage collector destroys it during interpreter finalization. A gloo worker thread that drops its last
-reference to a Python-owned tensor at that point needs the GIL, CPython makes it exit (``pthread_exit`` from
-``take_gil``), the forced unwind meets the ``noexcept`` destructor of the collective's Work and the process
-aborts: ``terminate called without an active exception`` (stack: ``ProcessGroupGloo::runLoop`` ->
-``~AsyncAllgatherWork`` -> ``TensorImpl::decref_pyobject`` -> ``gil_scoped_acquire`` -> ``take_gil`` ->
-``PyThread_exit_thread``). Upstream: pytorch/pytorch#190489 (this abort for process groups alive at
-interpreter exit) and pytorch/pytorch#38228 (C++ threads taking the GIL during finalization). Three things
-of an export do not go by themselves (torch 2.11 to 2.13); :func:`no_leftovers` removes them:
+``dynamo_export`` runs inside the user's process, so what the capture and the conversion created has to go when
+the export returns: a process group kept alive past ``destroy_process_group()`` can abort the process at
+interpreter exit (issue #14; the mechanism and upstream issues: docs/design/export-internals.md).
+:func:`no_leftovers` removes the three things of an export that do not go by themselves (torch 2.11 to 2.13):
 
-- **Dynamo's globals.** ``torch.export.export(strict=True)`` traces ``ModuleToTrace.forward`` of
-  ``torch._dynamo.functional_export`` with ``fullgraph_capture``, and Dynamo installs what the traced
-  bytecode needs (``__compiled_fn_<n>_<uuid>``: the captured GraphModule, ``__import_*`` modules,
-  ``__builtins_dict___<n>``, ``___unnamed_scope_*``) as globals of the traced frame, that is, of
-  ``functional_export``. Their cleanup hooks only run when a compiled code object they are registered with
-  dies, and the export path registers them with none, so every strict export adds a GraphModule to that
-  module for the life of the process, with its node metadata: fake tensors and, for a model with a
-  collective, a ``FakeScriptObject`` whose ``real_obj`` is the real ``ProcessGroup``. The globals a capture
-  added are removed. What is left of the program is reference cycles (graph and nodes, Dynamo's variable
-  trackers); for a model with collectives ``export_model`` collects them at once, not whenever the collector
-  runs next.
-- **Default arguments.** The first capture imports Dynamo's variable trackers, which import
-  ``torch.distributed.fsdp`` and through ``torch.distributed._shard`` ``torch.distributed.nn.functional``,
-  whose functions are declared ``def all_reduce(tensor, op=ReduceOp.SUM, group=group.WORLD)``: imported
-  after ``init_process_group`` (the seed's script exports after initializing), their default arguments hold
-  the live default process group for the life of the process. Such defaults are set back to ``None``, which
-  those functions, like every c10d function, read as "the default group", and which they hold when the
-  module is imported before ``init_process_group``.
-- **tqdm's monitor thread.** ``torch.fx.Interpreter.run`` opens a (disabled) tqdm bar, and tqdm starts its
-  ``tqdm_monitor`` daemon thread with the first bar of the process. It holds nothing of the export, but it
-  is a thread the export started; it is stopped when the export started it (tqdm starts a new one with the
-  next bar).
-
-The export's own collective, the exchange after which rank 0 writes the ATC config files, was the one whose
-Work the aborting gloo thread held; the ranks now exchange through the store (``multirank.py``).
+- the globals Dynamo installs in ``torch._dynamo.functional_export`` for a strict capture (the captured
+  GraphModule, whose metadata can hold the real ``ProcessGroup``), and the reference cycles left of it;
+- default arguments of ``torch.distributed.nn.functional`` bound to the live default group when it is imported
+  after ``init_process_group``: set back to ``None`` ("the default group");
+- tqdm's monitor thread, when the export started it.
 """
 
 from __future__ import annotations

@@ -1,35 +1,16 @@
 """contiguous_view_inputs: give every layout-dependent reshape of the captured program a contiguous input.
 
-Why (issue #14, T5): a view's legality depends on its input's strides, and the program torch.onnx receives
-is traced three times, each time with fake tensors whose strides need not agree:
+torch.onnx traces the program three times with fake tensors whose strides need not agree, so a ``reshape`` that
+became a ``view`` in one trace can be refused in the next ("Cannot view a tensor ..."; T5 stops there: the case in
+docs/design/export-internals.md). ONNX has no strides: ``view`` and ``reshape`` both lower to ``Reshape``. So
+before conversion this pass puts ``aten.clone(x, memory_format=torch.contiguous_format)`` in front of each op whose
+result depends on its input's layout (:data:`LAYOUT_DEPENDENT`). A clone is never dropped by a decomposition and
+is contiguous in every trace; it lowers to ONNX ``Identity``, which onnxscript's optimizer removes, so the ONNX
+model is the same.
 
-1. ``torch.export.export`` records ``attn.transpose(1, 2).contiguous().reshape(b, l, -1)`` as
-   ``contiguous`` + ``reshape`` (the training IR keeps them: they are CompositeImplicitAutograd ops);
-2. torch.onnx's ``run_decompositions`` retraces the program. ``reshape`` and ``contiguous`` may alias, so
-   export always decomposes them, and the decomposition picks by the strides it sees in *this* trace:
-   ``contiguous`` of an already contiguous tensor is the tensor itself (the node disappears) and
-   ``reshape`` of a viewable tensor becomes ``view``;
-3. torch.onnx's type-promotion pass interprets the decomposed graph once more with fake tensors.
-
-An op kept whole for ONNX can produce different strides in traces 2 and 3. T5's case:
-``scaled_dot_product_attention`` with a float mask that requires grad (T5's position bias comes from a
-trained embedding). Tracing 1 and 3 see a tensor that requires grad and pick the math kernel (a contiguous
-``[B, H, L, D]`` output); the retrace 2 runs without autograd and picks the CPU flash kernel, whose output is
-laid out as ``[B, L, H, D]``. There ``transpose(1, 2)`` is contiguous, the ``contiguous`` node is dropped and
-the ``reshape`` becomes ``view(transpose, [B, L, -1])``, which trace 3 then refuses: "Cannot view a tensor
-with shape [2, 7, 2, 8] and strides (112, 8, 56, 1) as a tensor with shape (2, 7, 16)". PyTorch's own
-``torch.onnx.export(..., dynamo=True)`` stops there on T5.
-
-ONNX has no strides: ``view`` and ``reshape`` both lower to ``Reshape``. So before conversion this pass puts
-``aten.clone(x, memory_format=torch.contiguous_format)`` in front of each op whose result depends on its
-input's layout (``view``, ``reshape`` and the ops export decomposes into them, :data:`LAYOUT_DEPENDENT`).
-A clone is never dropped by a decomposition, its output is contiguous in every trace, so the reshape after
-it is a legal view in all three; it lowers to ONNX ``Identity``, which onnxscript's optimizer removes, so
-the ONNX model is the same Reshape it would have been.
-
-Left alone: an input that is a graph input, a parameter, a buffer or a view of one (its layout is the
-example tensor's in every trace), and any input whose memory some op writes in place (the training IR is
-not functional: a reshape of a KV cache that is then updated must stay a view of it).
+Left alone: an input that is a graph input, a parameter, a buffer or a view of one (its layout is the example
+tensor's in every trace), and any input whose memory some op writes in place (a reshape of a KV cache that is
+then updated must stay a view of it).
 """
 
 from __future__ import annotations

@@ -1,34 +1,19 @@
 """The kernel library: installed packages, and the one index that says which kernel answers each (graph, shape) key.
 
-Layout::
+Layout: ``<library>/index.json`` (kernel ids -> files, installed packages, warm-start graphs),
+``packages/<package>/<graph key>/<shape id>/kernel.pt2``, ``claims/<graph key>-<shape id>.json`` (who builds it).
 
-    <library>/
-      index.json                     which files answer each kernel id, the installed packages, and the Dynamo
-                                     graphs that can warm-start on a kernel family (kernels/warm.py)
-      packages/<package name>/<graph key>/<shape id>/kernel.pt2
-      claims/<graph key>-<shape id>.json     who is building that kernel now (one builder per node)
+Invariants:
 
-Installing (:meth:`KernelLibrary.install`) verifies the package's digests, then, holding the library's lock
-(airgraph/store.py ``locked``), stages the kernels it brings in a hidden folder, renames that folder into
-``packages/`` (``replace_dir``), and only then replaces ``index.json`` (``write_json_atomic``). A reader reads the
-index without a lock and sees the library before or after an install, never a package half there: a crash before
-the index is written leaves at most an unreferenced folder, which the next writer removes. Per kernel id:
+- an install verifies digests, stages under the library's lock, renames the folder into ``packages/``, then
+  replaces ``index.json``: a reader without a lock sees the library before or after, never half a package;
+- per kernel id: the same kernel is kept (installing twice is a no-op), a newer build replaces an older one, an
+  older one is skipped, a repair replaces a damaged entry (its damaged files stay, unreferenced, in their package);
+- a package folder no index entry points to is removed after the index is written; a reader finding a folder
+  gone treats it as not installed and reads the index again (:meth:`KernelLibrary.changed`);
+- claims make each kernel built once on a node (:meth:`claim`).
 
-- the same kernel (same digests) already installed: kept, nothing is copied (installing a package twice is a no-op);
-- a newer build (its ``built`` time is later) replaces the older one, in the same index write;
-- an older build than the installed one is skipped;
-- a repair (``repairs``: a kernel built again because the files of its entry are damaged or gone,
-  :meth:`KernelLibrary.damage`) replaces that entry whatever its bytes or build time, as long as the index still
-  names the damaged package (a later repairer of the same entry changes nothing). The damaged files are not moved
-  or rewritten: they stay in their package's folder, unreferenced, and go with it.
-
-A package folder no kernel of the index points to any more is removed after the index is written; a reader that
-read the index before may then find the folder gone, which it treats as "not installed" (and reads the index
-again: :meth:`KernelLibrary.changed`).
-
-Claims make each kernel built once on a node: :meth:`claim` succeeds for the first process that asks (under the
-lock), unless the kernel is installed or a live process holds the claim; asked to build a damaged entry again
-(``replacing``), unless another package has replaced that entry meanwhile. Imports no torch.
+Imports no torch. The rules in full: docs/design/static-kernel-loading.md.
 """
 
 from __future__ import annotations

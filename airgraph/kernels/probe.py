@@ -1,38 +1,20 @@
 """Loading an AOTInductor package, and the probe that makes sure it does not kill the process that loads it.
 
-Loading a package runs native code: torch's package loader unzips it, ``dlopen``s the compiled kernels and runs
-their constructors. Where that code and the environment disagree (a compiler, a libstdc++, a Python or a CPU
-instruction set other than the ones torch's build expected) the loader can die with a segmentation fault (seen on
-an H100 machine with torch 2.11.0+cu130: both ``aoti_load_package`` and the package loader crashed, for CPU kernels
-too, while the same wheel loaded the same package elsewhere). A crash cannot be caught, so no user process may be
-the first to load a package in an environment:
+Loading a package runs native code, and where that code and the environment disagree the loader can die with a
+segmentation fault, which cannot be caught. So no user process is the first to load a package in an environment:
 
-- **the environment** (:func:`environment`): the torch build (version, CUDA version, git commit), the Python
-  (``sys.version``), the machine as kernels/machine.py describes it (CPU model, vector ISA and flags; on CUDA also
-  the GPU's name and compute capability), the package format with the device type (``aoti-pt2`` on cpu or
-  cuda) and the C++ compiler the package was built with, where its entry records one (kernels/machine.py
-  ``compiler``: on the H200 machine a ``CXX`` wrapper's packages crashed the loader, the system g++'s did not).
-  Its digest keys the verdict;
+- **the environment** (:func:`environment`): torch build, Python, the machine as kernels/machine.py describes it,
+  the package format with the device type, and the C++ compiler that built the package; its digest keys the verdict;
 - **the probe** (:meth:`LoadProbes.check`): before the first in-process load in an environment, a child process
-  (``python -m airgraph.kernels.probe``, with a timeout) loads the very package file about to be loaded, through
-  the same loader call (:func:`open_package`), and runs it once on example inputs of its shape key (those its
-  build used: kernels/build.py ``example_tensors``). The real file rather than a tiny package built for the
-  purpose: it tests exactly what is about to run, and building one would cost an Inductor compile;
-- **the verdict**, kept beside the library in ``load-probes.json`` (one entry per environment digest; written by
-  airgraph/store.py's ``write_json_atomic`` under ``locked``, its own lock rather than the index's, so that installs
-  and claims never wait for a probe): the child exited 0: "ok", and every later process of that environment loads
-  in-process without a probe; it died by a signal or ran past :data:`TIMEOUT`: "crashed", and every later process
-  skips the library's packages: one warning per process names the cause and the file to delete to probe again,
-  and each segment runs its dynamic kernels (``StaticKernels.load`` answers None). A child that exits with an
-  error (a Python exception: that one file is unusable) leaves no verdict; that kernel is refused in this process.
+  (``python -m airgraph.kernels.probe``, with a timeout) loads the very file about to be loaded through the same
+  call (:func:`open_package`) and runs it once on example inputs of its shape key;
+- **the verdict**, kept beside the library in ``load-probes.json`` (``write_json_atomic`` under its own lock):
+  "ok" (exit 0): later processes load in-process without a probe; "crashed" (a signal, or past :data:`TIMEOUT`):
+  later processes skip the library's packages with one warning and run dynamic kernels. A Python error leaves
+  no verdict; that kernel is refused in this process.
 
-Processes starting together probe once: the first takes the lock and probes, the others wait for it, then read
-its verdict. Once a verdict exists a process reads the file once (cached per process). A file that is torn or of
-another format is treated as absent (probed again, then rewritten). A library folder this process cannot write
-gets a probe per process, its verdict kept in memory.
-
-The verdict is per environment, not per kernel: a later kernel of an environment judged "ok" loads without a
-probe (it is the loader and its environment that crash; the kernels are built by the same flow).
+Processes starting together probe once; a torn or foreign verdict file is treated as absent; an unwritable
+library gets a probe per process. Why, and what was seen on the GPU machines: docs/design/static-kernel-loading.md.
 """
 
 from __future__ import annotations
@@ -77,7 +59,7 @@ def open_package(path: Path, device: torch.device) -> Any:
     Through the package loader itself (``torch._C._aoti.AOTIModelPackageLoader``, what
     ``torch._inductor.aoti_load_package`` wraps, with the same arguments in torch 2.11 to 2.13), because the wrapper
     first asks Inductor for this CPU's vector ISA only to log a mismatch, and Inductor finds that out by compiling
-    test programs (20 s on a busy 2-core machine whose Inductor cache is empty); airgraph has already refused a
+    test programs (seconds with an empty Inductor cache); airgraph has already refused a
     kernel built for another ISA (kernels/machine.py). ``run_single_threaded``: one caller thread, and a CUDA
     graph can capture the launches."""
     with zipfile.ZipFile(path) as archive:

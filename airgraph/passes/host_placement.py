@@ -1,42 +1,16 @@
 """host_placement: keep tiny shape arithmetic on the CPU (GE's small-shape host placement, seed 003).
 
-A tiny op on a GPU costs a kernel launch, and when its result is needed on the host (a shape, an index, a
-Python value) a device-to-host sync as well; on the CPU it costs a few microseconds. This pass marks such
-ops ``node.meta[PLACEMENT] = "host"``; the partitioner then puts them in host segments, which run as
-direct ATen calls on the CPU.
+A tiny op on a GPU costs a kernel launch, and a device-to-host sync when the host needs its result. This pass
+marks such ops ``node.meta[PLACEMENT] = "host"``; the partitioner puts them in host segments, which run as direct
+ATen calls on the CPU. One forward walk in graph order decides every node after its inputs: anchors (values
+already on the host), moves (all tensor inputs on the host or small constants, every output at most
+``config.host_placement.max_elements`` elements provably, a CPU kernel, not random, not mutating), groups taken
+back when they are not worth it, one shared asynchronous copy per moved value a device op reads, hoisting of
+input-only host work to the top. The rules in full: docs/host-placement.md.
 
-Rules, applied in one forward walk in graph order (so every input is decided before its consumers):
-
-- **Anchors** are values already on the host: CPU tensor inputs of the graph, CPU constants (``get_attr``),
-  and ops whose inputs are all on the host and whose outputs are CPU tensors (``torch.tensor(x.shape)``,
-  which Dynamo lifts to a CPU constant, ``.cpu()`` of a host value, ...). They are marked "host".
-- **Moved**: an op whose outputs are on the device moves to the host when every tensor input is on the
-  host (or is a constant of at most ``max_elements`` elements), every tensor output has at most
-  ``config.host_placement.max_elements`` elements (``statically_known_true``: a dynamic size that is not
-  provably small stays on the device, and no guard is added), the op has a CPU kernel, it is not random
-  (``Tag.nondeterministic_seeded``) and it mutates nothing. An op with no tensor inputs (``arange`` over
-  sizes, ``scalar_tensor``, ``full``, ...) qualifies on its outputs alone: sizes and SymInts live on the
-  host. Its device arguments are rewritten to the CPU and its ``meta["val"]`` re-deviced to the CPU.
-- **Worth it**: a group of connected moves is taken back when it removes no sync and needs as many copies
-  back to the device as it moves ops (``where(mask, scalar_tensor(0.0), x)``: one fill kernel would only
-  become one copy, and Inductor would have folded the scalar into its kernel anyway).
-- **Copies**: a moved value that a device op (or the graph output) still reads gets exactly one
-  host-to-device copy, inserted before its first device reader and shared by all of them (so does a CPU
-  index tensor read by an indexing op on the device, which would otherwise copy it itself, blocking, and in
-  reduce-overhead a CPU scalar computed from the inputs, such as a dynamic float, that a kernel reads):
-  ``aten._to_copy(device=..., non_blocking=True)`` (``prims.device_put`` under the Inductor kernel backend,
-  whose decompositions the graph already went through). The executor hands it pinned memory, so the copy
-  is asynchronous and the host buffer is kept alive by the caching host allocator until it is done.
-- **Hoisting**: host ops (and the SymInt arithmetic they read) move to the top of the graph, in their
-  original order, when they depend on graph inputs only; the host work then forms one segment ahead of the
-  device work. Random and mutating ops are never moved, so no side effect is reordered.
-- **Syncs removed** are counted: ``.item()``/``.tolist()`` (``_local_scalar_dense``) and ``.cpu()`` of values
-  that are now already on the host, and blocking host-to-device copies replaced by asynchronous ones.
-
-On a CPU graph everything is on the host already: the pass changes nothing and says so.
-
-(Over 400 lines because the rules are one forward walk over the graph and its docstring states them all; a
-pass is one file, as every pass is.)
+Invariants: random and mutating ops never move, so no side effect is reordered; a dynamic size that is not
+provably small stays on the device and adds no guard; the syncs removed are counted in the pass's report; on a
+CPU graph the pass changes nothing and says so.
 """
 
 from __future__ import annotations

@@ -11,8 +11,7 @@
   every candidate as a winner must beat it (below): while neither holds, the rounds are measured again (up to
   :data:`REPEATS` more times, the rounds pooled); still so, the unit is *inconclusive*: reported with its spread,
   and no memo goes into the bank (the next tuning run measures it again). A winner needs no quiet: it beats the
-  default by more than the spread (below). (A 14 us GEMM whose candidates all took 31 to 70 us was inconclusive
-  on a 34% spread, and measured again by every later run.)
+  default by more than the spread (below).
 - **Beating the default**: by more than the measured run-to-run spread, and by at least :data:`MIN_GAIN`: the
   candidate's median is at least 3% below the default's, and its rounds' interquartile range lies wholly below
   the default's (its third quartile under the default's first), so the gap between the two is wider than what

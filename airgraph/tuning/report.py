@@ -16,9 +16,9 @@ inconclusive measurement says so), stale bank entries and the whole graph's time
 
 A graph's time (the executor that tuning changes) is not what a call of the model costs: Dynamo's guards,
 AOTAutograd's wrapper and any eager code between graphs come on top, the same before and after, so a gain of the
-graph alone overstates the gain of a call (a decode step's graph of 180 us sat in a call of 330 us). ``airgraph.tune``
-therefore also times **the whole call** (:class:`CallTiming`: the model compiled without the bank and with it, called
-as the next run calls it, interleaved); it heads ``str(report)`` and the candidates file's ``"model_call"``.
+graph alone overstates the gain of a call (docs/tuning.md gives an example). ``airgraph.tune`` therefore also times
+**the whole call** (:class:`CallTiming`: the model compiled without the bank and with it, called as the next run
+calls it, interleaved); it heads ``str(report)`` and the candidates file's ``"model_call"``.
 """
 
 from __future__ import annotations
