@@ -75,12 +75,14 @@ def plan_padding(
                 return _refuse(p, symbol, f"input {p.name} is {_expr(val)}, not the batch size itself")
             symints.append(i)
         elif isinstance(val, torch.Tensor):
-            for d, size in enumerate(val.shape):
-                if _has(size, symbol):
-                    k = _multiple(size, symbol)
-                    if k is None:
-                        return _refuse(p, symbol, f"input {p.name} has a dimension of size {_expr(size)}")
-                    padded.append((i, d, k))
+            rows = _rows(val, symbol)
+            if len(rows) > 1:
+                return _refuse(p, symbol, f"input {p.name} has the batch size in several dimensions")
+            for d in rows:
+                k = _multiple(val.shape[d], symbol)
+                if k is None:
+                    return _refuse(p, symbol, f"input {p.name} has a dimension of size {_expr(val.shape[d])}")
+                padded.append((i, d, k))
     for node in gm.graph.nodes:
         if node.op == "call_function":
             reason = _mixes(node, symbol)
