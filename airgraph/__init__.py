@@ -7,8 +7,8 @@ model = torch.compile(model, backend=airgraph.get_backend(compiler_config=config
 
 The public names load lazily (module ``__getattr__``): ``import airgraph`` imports neither torch nor onnx,
 so ``airgraph.export.runner`` runs an export in a process without PyTorch. ``get_backend``, ``explain``,
-``scope`` and ``ops`` import torch on first use, ``tune`` on its first call; ``dynamo_export`` imports torch, onnx
-and onnxscript on its first call.
+``scope`` and ``ops`` import torch on first use, ``tune`` and ``compare`` on their first call; ``dynamo_export``
+imports torch, onnx and onnxscript on its first call.
 """
 
 from __future__ import annotations
@@ -24,13 +24,25 @@ if TYPE_CHECKING:
 
     from airgraph.export.exporter import ExportResult
 
-__all__ = ["CompilerConfig", "compile", "dynamo_export", "explain", "get_backend", "ops", "plan", "scope", "tune"]
+__all__ = [
+    "CompilerConfig",
+    "compare",
+    "compile",
+    "dynamo_export",
+    "explain",
+    "get_backend",
+    "ops",
+    "plan",
+    "scope",
+    "tune",
+]
 __version__ = "0.1.0"
 
 # public name -> (module, attribute); attribute None: the module itself
 _LAZY: dict[str, tuple[str, str | None]] = {
     "get_backend": ("airgraph.backend", "get_backend"),
     "compile": ("airgraph.backend", "compile_model"),
+    "compare": ("airgraph.precision.api", "compare"),
     "explain": ("airgraph.report.explain", "explain"),
     "plan": ("airgraph.report.explain", "plan"),
     "scope": ("airgraph.scope", None),

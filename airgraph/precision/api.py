@@ -1,0 +1,95 @@
+"""``airgraph.compare``: run a model eagerly and with airgraph, compare, and locate the first divergent node."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from airgraph.config import CompilerConfig
+from airgraph.precision.locate import locate_graph
+from airgraph.precision.record import Recorder
+from airgraph.precision.report import CompareReport
+from airgraph.precision.run import compare_runs, compiled_calls
+from airgraph.precision.tolerance import tolerance_for
+
+__all__ = ["compare", "compare_with"]
+
+
+def compare(
+    model: Any,
+    *inputs: Any,
+    config: CompilerConfig | None = None,
+    rtol: float | None = None,
+    atol: float | None = None,
+    dump_dir: str | os.PathLike[str] | None = None,
+    **kwargs: Any,
+) -> CompareReport:
+    """Run ``model(*inputs, **kwargs)`` eagerly and compiled by airgraph with ``config``, on copies of the same
+    inputs and weights, and compare every output (and, with autograd on, every gradient).
+
+    ``rtol``/``atol``: both or neither; by default each value's tolerance follows its dtype as torch.testing
+    chooses it. When a value leaves its tolerance, each segment of each compiled graph is checked on eager's
+    values (airgraph/precision/locate.py) and ``report.first`` names the first node that diverged. ``dump_dir``:
+    every compared tensor, eager's and compiled, with an ``index.json`` (airgraph/precision/dump.py).
+    """
+    from airgraph.backend import AirgraphBackend
+
+    backend = AirgraphBackend(config)
+    return compare_with(backend, model, inputs, kwargs, rtol=rtol, atol=atol, dump_dir=dump_dir)
+
+
+def compare_with(
+    backend: Any,
+    model: Any,
+    inputs: tuple,
+    kwargs: dict,
+    *,
+    rtol: float | None = None,
+    atol: float | None = None,
+    dump_dir: str | os.PathLike[str] | None = None,
+    **compile_kwargs: Any,
+) -> CompareReport:
+    """:func:`compare` with a backend of the caller's (e.g. one on the simulated CUDA runtime);
+    ``compile_kwargs`` go to ``torch.compile``."""
+    tolerance_for(torch.float32, rtol, atol)  # both or neither, before anything runs
+    recorder = Recorder()
+    recorder.attach(backend)
+
+    def compile_fn(fn: Any) -> Any:
+        return torch.compile(fn, backend=backend, **compile_kwargs)
+
+    eager, compiled, values = compare_runs(
+        model, inputs, kwargs, compile_fn, compiled_calls(backend.config), rtol=rtol, atol=atol
+    )
+    report = CompareReport(values, graphs=[_graph_summary(g.report) for g in recorder.graphs])
+    if not report.ok:
+        for graph in recorder.graphs:
+            found, notes = locate_graph(graph, backend.config, rtol, atol)
+            report.divergences += found
+            report.notes += notes
+        if not report.divergences:
+            report.notes.append(
+                "no segment leaves the tolerance on eager's values: the difference comes from outside the kernels "
+                "(the ATen graph itself, capture, streams or input copies)"
+            )
+    if dump_dir is not None:
+        from airgraph.precision.dump import write_dumps
+
+        pairs = {**eager.outputs, **eager.grads}, {**compiled.outputs, **compiled.grads}
+        dumped = [(d, pairs[0].get(d.name), pairs[1].get(d.name)) for d in values]
+        write_dumps(dump_dir, dumped, report.divergences)
+        report.dump_dir = str(dump_dir)
+    return report
+
+
+def _graph_summary(report: Any) -> dict[str, Any]:
+    return {
+        "graph": f"{report.kind} graph {report.id}",
+        "mode": report.mode,
+        "captured": report.captured,
+        "segments": [
+            {"id": s.id, "backend": s.backend, "chosen_by": s.chosen_by, "nodes": s.num_nodes} for s in report.segments
+        ],
+    }
