@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 import airgraph
 from airgraph.backend import AirgraphBackend
+from airgraph.lowering.select import Impl
 from airgraph.precision.api import compare_with
 from airgraph.runtime.simulated import SimulatedCuda
 from tests.helpers import make_config
@@ -129,3 +130,23 @@ def test_reduce_overhead_on_the_simulated_runtime_is_compared_captured(wrong_bac
         report = compare_with(AirgraphBackend(config, runtime=SimulatedCuda()), Net(), (inputs(),), {})
     assert [g["captured"] for g in report.graphs] == [True]
     assert not report.ok and (report.first.op, report.first.source) == ("aten.gelu.default", GELU_LINE)
+
+
+class _PlantedBank:
+    """A tuning bank whose one entry moves the numbers: every segment to the planted backend."""
+
+    def __init__(self, backend: str) -> None:
+        self.backend = backend
+
+    def lookup(self, segment, request):
+        return Impl(self.backend, "tuning", source={"bank_key": "planted"})
+
+
+def test_a_bank_choice_that_moves_numbers_is_named_as_the_tunings(wrong_backend):
+    backend = AirgraphBackend(make_config(kernel_backend="aten"))
+    backend.tuning = _PlantedBank(wrong_backend(aten.gelu.default, aten.relu.default))
+    with torch.no_grad():
+        report = compare_with(backend, Net(), (inputs(),), {})
+    first = report.first
+    assert (first.chosen_by, first.bank_source, first.op) == ("tuning", {"bank_key": "planted"}, "aten.gelu.default")
+    assert "chosen by tuning {'bank_key': 'planted'}" in str(report)
