@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
+from airgraph.boxed import boxed
 from airgraph.kernels.build import outside_compilation, tensor_outputs
 from airgraph.kernels.shapes import Bindings, VaryingKey, bind, concrete
 from airgraph.lowering import backends
@@ -67,7 +68,7 @@ class StaticKernelSegment:
     """A segment's callable: a static kernel per shape key from the library, else its dynamic kernel (lazily)."""
 
     def __init__(self, source: KernelSource, request: LowerRequest, fallback: Impl, graph_key: str) -> None:
-        self._boxed_call = True
+        boxed(self)
         self.source, self.request, self.fallback, self.graph_key = source, request, fallback, graph_key
         inputs = request.example_inputs
         self.varying = VaryingKey(inputs)

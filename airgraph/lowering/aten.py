@@ -15,6 +15,7 @@ from torch._guards import detect_fake_mode
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from airgraph.boxed import boxed
 from airgraph.graph.codegen import Emitter, compile_function, last_uses
 
 _verified: dict[tuple, Any] = {}
@@ -195,5 +196,4 @@ def generate_source(gm: torch.fx.GraphModule, fn_name: str = "segment") -> tuple
 def compile_aten(gm: torch.fx.GraphModule) -> Callable[[list], Any]:
     source, scope = generate_source(gm)
     fn = compile_function(source, scope, "segment", "aten")
-    fn._boxed_call = True
-    return fn
+    return boxed(fn)

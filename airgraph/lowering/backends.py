@@ -1,7 +1,7 @@
 """The kernel backends: what turns one segment's graph into a boxed callable, by name.
 
 A kernel backend is a function ``(LowerRequest) -> boxed callable`` (a callable taking a list of inputs, cleared,
-``_boxed_call = True``). The registry below is filled by the ``kernel_backend`` decorator in this module only, so
+airgraph/boxed.py). The registry below is filled by the ``kernel_backend`` decorator in this module only, so
 the list of backends is readable here, and it is the one source of the values ``config.kernel_backend`` accepts
 (config.py reads :func:`selectable`). The seam (lowering/select.py) chooses one per segment; lower.py calls it.
 
@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from airgraph.boxed import boxed
 from airgraph.lowering.request import LowerRequest
 
 __all__ = ["KERNEL_BACKENDS", "KernelBackend", "LowerRequest", "kernel_backend", "selectable"]
@@ -98,5 +99,4 @@ def _interpreter(request: LowerRequest) -> Callable[[list], Any]:
     def segment(args: list) -> Any:
         return interpreter.boxed_run(args)
 
-    segment._boxed_call = True  # type: ignore[attr-defined]
-    return segment
+    return boxed(segment)

@@ -19,6 +19,7 @@ import torch.utils._pytree as pytree
 from torch._guards import detect_fake_mode
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from airgraph.boxed import boxed
 from airgraph.lowering.request import LowerRequest
 
 
@@ -43,8 +44,7 @@ def compile_inductor(request: LowerRequest) -> Callable[[list], Any]:
             cudagraphs=False,
             cpp_wrapper=bool(request.options.get("cpp_wrapper", False)),
         )
-    compiled._boxed_call = True  # Inductor's compiled graphs take the boxed (list) calling convention
-    return compiled
+    return boxed(compiled)  # Inductor's compiled graphs take the boxed (list) calling convention
 
 
 def _decomposed(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:

@@ -31,6 +31,7 @@ import torch
 from torch._guards import detect_fake_mode
 from torch.utils._python_dispatch import _disable_current_modes
 
+from airgraph.boxed import boxed
 from airgraph.tuning.operators import apply_op_choices
 
 __all__ = ["compiling", "freeze_inputs", "lower_tuned"]
@@ -110,7 +111,7 @@ class _FrozenSegment:
     arrive then) and guarded on every call (module docstring)."""
 
     def __init__(self, request: Any, lower: Lower, frozen: list[int], *, inductor: bool) -> None:
-        self._boxed_call = True
+        boxed(self)
         self._request, self._lower, self._inductor = request, lower, inductor
         self._frozen = sorted(frozen)
         self._keep = [i for i in range(len(request.example_inputs)) if i not in set(frozen)]

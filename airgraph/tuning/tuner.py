@@ -34,6 +34,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
+from airgraph.boxed import boxed
 from airgraph.config import CompilerConfig
 from airgraph.graph.analysis import mutated_nodes
 from airgraph.graph.meta import HOST
@@ -252,7 +253,7 @@ class _FirstRun:
     """A boxed callable: the graph's executor, tuning on its first call (see the module docstring)."""
 
     def __init__(self, tuner: Tuner, run: Callable[[list], Any], graph: TunedGraph) -> None:
-        self._boxed_call = True
+        boxed(self)
         self._tuner, self._run, self._graph = tuner, run, graph
         self._tuned = False
 
