@@ -36,18 +36,19 @@ import copy
 import functools
 import importlib
 import time
-import warnings
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from airgraph.boxed import boxed
 from airgraph.config import CompilerConfig
 from airgraph.graph.analysis import mutated_nodes, target_name, views_of_inputs
 from airgraph.graph.meta import SEGMENT, STREAM, placement
 from airgraph.graph.program import Segment
 from airgraph.kernels.static import StaticKernels
 from airgraph.kernels.warm import WarmGraph
+from airgraph.log import warn_once
 from airgraph.lowering import inductor_passes
 from airgraph.lowering.capture_plan import CapturePlan, plan_capture
 from airgraph.lowering.host_split import split_host_work
@@ -66,8 +67,6 @@ from airgraph.tuning.source import BankSource
 from airgraph.tuning.tuner import Tuner
 
 __all__ = ["AirgraphBackend", "airgraph_backend", "compile_model", "get_backend"]
-
-_cpu_capture_warned = False  # reduce-overhead on the CPU: one warning per process
 
 
 class AirgraphBackend:
@@ -300,14 +299,12 @@ def _warm_report(warm: WarmGraph, mode: str, dynamo_graph: int) -> GraphReport:
 
 
 def _warn_uncaptured(device: torch.device) -> None:
-    global _cpu_capture_warned
-    if not _cpu_capture_warned:
-        _cpu_capture_warned = True
-        warnings.warn(
-            f"airgraph: reduce-overhead captures CUDA graphs; on {device.type} the executor runs uncaptured "
-            "(results are the same; there is no graph to replay)",
-            stacklevel=2,
-        )
+    warn_once(
+        "reduce-overhead without capture",
+        "airgraph: reduce-overhead captures CUDA graphs; on %s the executor runs uncaptured "
+        "(results are the same; there is no graph to replay)",
+        device.type,
+    )
 
 
 def graph_device(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> torch.device:
@@ -351,8 +348,7 @@ def _planned_run(gm: torch.fx.GraphModule) -> Callable[[list], Any]:
         with mode:
             return [_fake_like(val) for val in vals]
 
-    run._boxed_call = True
-    return run
+    return boxed(run)
 
 
 def _fake_like(val: Any) -> Any:

@@ -217,10 +217,7 @@ def test_graph_dump_writes_one_file_per_pass(tmp_path):
     assert "torch.ops.aten.sigmoid.default" in after
 
 
-def test_reduce_overhead_on_cpu_runs_uncaptured_and_says_so_once(monkeypatch):
-    import airgraph.backend
-
-    monkeypatch.setattr(airgraph.backend, "_cpu_capture_warned", False)  # once per process: this test's
+def test_reduce_overhead_on_cpu_runs_uncaptured_and_says_so_once():
     model = mlp().eval()
     compiled, backend = compile_with(model, kernel_backend="aten", mode="reduce-overhead", dynamic=False)
     with warnings.catch_warnings(record=True) as caught, torch.no_grad():
