@@ -293,7 +293,7 @@ class AirgraphBackend:
 def _warm_report(warm: WarmGraph, mode: str, dynamo_graph: int) -> GraphReport:
     """A warm-started graph (airgraph/kernels/warm.py) was not traced to ATen: one segment, its static kernels."""
     report = GraphReport(id=next_graph_id(), mode=mode, kind="inference", device="cpu", dynamo_graph=dynamo_graph)
-    segment = SegmentReport(0, None, "device", "static_kernels", warm.num_nodes, "static-kernels", warm.source)
+    segment = SegmentReport(0, None, "device", "static_kernels", warm.num_nodes, "static_kernels", warm.source)
     report.segments = [segment]
     return report
 

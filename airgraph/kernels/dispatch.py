@@ -1,4 +1,4 @@
-"""What runs a segment the seam's static-kernels step answered for: per input-shape key, a static kernel or the
+"""What runs a segment the seam's static_kernels step answered for: per input-shape key, a static kernel or the
 dynamic one.
 
 :class:`StaticKernelSegment` is the boxed callable the "static_kernels" kernel backend (lowering/backends.py)
@@ -19,7 +19,7 @@ copied into the promised layout from then on (Inductor keeps output strides, so 
 are Python values (sizes) are constants of a key: a static kernel returns tensors only and they are put back.
 
 The segment's report (``backend.reports``, ``airgraph.explain``) says what ran: "static_kernels" chosen by
-"static-kernels" once any key ran a static kernel, otherwise the dynamic kernel's backend and chooser; its
+"static_kernels" once any key ran a static kernel, otherwise the dynamic kernel's backend and chooser; its
 ``source`` lists the graph key and the keys that ran each way.
 """
 
@@ -195,7 +195,7 @@ class StaticKernelSegment:
             return
         segment = report.segments[index]
         if self.static_keys:
-            segment.backend, segment.chosen_by = "static_kernels", "static-kernels"
+            segment.backend, segment.chosen_by = "static_kernels", "static_kernels"
         else:
             segment.backend, segment.chosen_by = self.fallback.backend, self.fallback.chosen_by
         segment.source = {

@@ -1,9 +1,9 @@
-"""Static kernels for one backend: the seam's static-kernels step, the shape recorder, the builder, the loader.
+"""Static kernels for one backend: the seam's static_kernels step, the shape recorder, the builder, the loader.
 
 ``AirgraphBackend`` makes one :class:`StaticKernels` when ``config.static_kernels.enabled``; it is
 
 - the seam's ``static_kernels`` store (:meth:`lookup`): for every compute segment of an inference graph that it
-  can cover, it answers ``Impl("static_kernels", "static-kernels")``, carrying the segment's graph key and the
+  can cover, it answers ``Impl("static_kernels", "static_kernels")``, carrying the segment's graph key and the
   implementation the rest of the seam would choose (the dynamic kernel, compiled only if a key needs it);
 - a shape observer (:meth:`observer`), told of each new input-shape key of each graph, captured or not, before
   the key first runs: it records every operator at the key's shapes (kernels/records.py) and, for each covered
@@ -116,7 +116,7 @@ class StaticKernels:
         key = graph_key(gm)
         return Impl(
             "static_kernels",
-            "static-kernels",
+            "static_kernels",
             options={"kernels": self, "fallback": fallback, "graph_key": key},
             source={"graph_key": key, "static_keys": [], "dynamic_keys": []},
         )

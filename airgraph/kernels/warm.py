@@ -28,7 +28,7 @@ first output (benchmarks/static_kernels.py). Where the ATen graph is one static-
 
 Not on CUDA (nor with a simulated CUDA runtime): there the ordinary path captures the kernels in a CUDA graph,
 which a warm graph would skip. A warm graph writes no shape records (its keys were recorded by the process that
-built them); its report has one segment, ``chosen_by: static-kernels``, with ``warm_start`` in its source.
+built them); its report has one segment, ``chosen_by: static_kernels``, with ``warm_start`` in its source.
 """
 
 from __future__ import annotations

@@ -85,7 +85,7 @@ def _aten(request: LowerRequest) -> Callable[[list], Any]:
 @kernel_backend("static_kernels", selectable=False)
 def _static_kernels(request: LowerRequest) -> Callable[[list], Any]:
     """Static kernels (airgraph/kernels): a prebuilt kernel per input-shape key, others' dynamic kernel lazily."""
-    # The seam's static-kernels step put the kernel library itself in the options: lowering imports no kernels/.
+    # The seam's static_kernels step put the kernel library itself in the options: lowering imports no kernels/.
     return request.options["kernels"].segment(request)
 
 

@@ -5,7 +5,7 @@
 1. ``debug``: ``config.debug.run_eagerly`` runs every segment through the interpreter, for bisecting;
 2. ``host``: host segments (host placement put their ops on the CPU) run as direct ATen calls: Inductor's
    win is fusion on the device, and these are a few tiny ops;
-3. ``static-kernels``: the kernel library has prebuilt kernels for this segment (airgraph/kernels);
+3. ``static_kernels``: the kernel library has prebuilt kernels for this segment (airgraph/kernels);
 4. ``tuning``: the tuning bank has a measured choice for this segment (airgraph/tuning);
 5. ``config``: ``config.kernel_backend``.
 
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 __all__ = ["CHOSEN_BY", "STEPS", "GraphRequest", "Impl", "ImplSource", "choose"]
 
-CHOSEN_BY = ("debug", "host", "static-kernels", "tuning", "config")
+CHOSEN_BY = ("debug", "host", "static_kernels", "tuning", "config")
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,7 @@ def _config(segment: Segment, request: GraphRequest) -> Impl | None:
 STEPS: list[tuple[str, Callable[[Segment, GraphRequest], Impl | None]]] = [
     ("debug", _debug),
     ("host", _host),
-    ("static-kernels", _static_kernels),
+    ("static_kernels", _static_kernels),
     ("tuning", _tuning),
     ("config", _config),
 ]

@@ -128,7 +128,7 @@ def test_a_kernel_another_process_builds_runs_dynamic_until_installed_then_stati
         assert_close(compiled(tokens, pos), reference(tokens, pos))
         assert_close(model.cache, reference.cache)
     assert (segment.chosen_by, segment.source["static_keys"], segment.source["dynamic_keys"]) == (
-        "static-kernels",
+        "static_kernels",
         ["[2]"],
         [],
     )

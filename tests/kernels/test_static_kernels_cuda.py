@@ -64,7 +64,7 @@ def test_cuda_kernels_are_built_then_loaded_by_a_fresh_process_and_captured(tmp_
     backend = AirgraphBackend(static_config(tmp_path))
     _run_cuda(backend, (2, 3))
     (segment,) = backend.reports[0].segments
-    assert segment.chosen_by == "static-kernels" and segment.source["static_keys"] == ["[2]", "[3]"]
+    assert segment.chosen_by == "static_kernels" and segment.source["static_keys"] == ["[2]", "[3]"]
     build = json.loads(next((tmp_path / "static_kernel_library").glob("index.json")).read_text())
     devices = {e["build"]["device"]["capability"] for e in build["kernels"].values()}
     assert devices == {describe(torch.device("cuda"))["device"]["capability"]}

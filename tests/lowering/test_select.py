@@ -36,7 +36,7 @@ def compiled_with(config=None, *, static_kernels=None, tuning=None):
 
 
 def test_the_steps_are_in_the_documented_order():
-    assert [name for name, _ in STEPS] == list(CHOSEN_BY) == ["debug", "host", "static-kernels", "tuning", "config"]
+    assert [name for name, _ in STEPS] == list(CHOSEN_BY) == ["debug", "host", "static_kernels", "tuning", "config"]
 
 
 @pytest.mark.parametrize(
@@ -44,7 +44,7 @@ def test_the_steps_are_in_the_documented_order():
     [
         ({}, ("inductor", "config")),
         ({"tuning": "tuning"}, ("aten", "tuning")),
-        ({"static_kernels": "static-kernels", "tuning": "tuning"}, ("aten", "static-kernels")),
+        ({"static_kernels": "static_kernels", "tuning": "tuning"}, ("aten", "static_kernels")),
     ],
 )
 def test_the_first_step_that_answers_wins_and_reports_say_who(stores, expected):
