@@ -45,6 +45,7 @@ import torch
 from airgraph.config import CompilerConfig
 from airgraph.kernels import package as pkg
 from airgraph.kernels.shapes import VaryingKey, shape_id
+from airgraph.lowering import aot
 from airgraph.lowering.keys import graph_key
 
 if TYPE_CHECKING:
@@ -104,20 +105,6 @@ def dynamo_key(gm: torch.fx.GraphModule, config: CompilerConfig) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-def _simple(metadata: Any, inputs: int) -> bool:
-    """Whether AOTAutograd's runtime wrappers have nothing to do for this graph (module docstring)."""
-    if metadata is None:
-        return False
-    return (
-        metadata.num_mutated_inp_runtime_indices == 0
-        and not metadata.aliased_out_indices
-        and metadata.num_intermediate_bases == 0
-        and not metadata.tokens
-        and len(metadata.input_info) == inputs
-        and not any(type(m).__name__ == "SubclassCreationMeta" for m in metadata.subclass_inp_meta)
-    )  # (by name: torch 2.15's PlainTensorMeta has an arg_count too, which this once asked for)
-
-
 def graph_record(current: tuple[str, int] | None, segments: list[Segment]) -> dict[str, Any] | None:
     """How the Dynamo graph being compiled (``current``: its warm-start key and number of inputs) is served by its one
     segment's kernels: ``{"graph_key": the segment's, "inputs": the graph inputs it reads, its order}``, when its
@@ -137,9 +124,7 @@ def graph_record(current: tuple[str, int] | None, segments: list[Segment]) -> di
     inputs = [position.get(node, -1) for node in segment.inputs]
     if -1 in inputs:  # the segment reads graph inputs only (in the order it first uses them)
         return None
-    context = torch._guards.TracingContext.try_get()
-    metadata = getattr(context, "fw_metadata", None)
-    if not _simple(metadata, current[1]) or len(placeholders) != current[1]:
+    if not aot.no_runtime_wrappers(current[1]) or len(placeholders) != current[1]:
         return None
     key = getattr(segment.compiled, "graph_key", None)
     return {"graph_key": key, "inputs": inputs} if key is not None else None

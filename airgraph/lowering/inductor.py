@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import operator
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -20,6 +20,7 @@ from torch._guards import detect_fake_mode
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from airgraph.boxed import boxed
+from airgraph.lowering import aot
 from airgraph.lowering.request import LowerRequest
 
 
@@ -35,7 +36,7 @@ def compile_inductor(request: LowerRequest) -> Callable[[list], Any]:
     # pass replaced them, which runs inside its own AOTAutograd (not airgraph's); ATen's draw the numbers eager
     # draws, in the same order, so dropout masks equal eager's.
     patches = {**request.options.get("inductor_config", {}), "triton.cudagraphs": False, "fallback_random": True}
-    with inductor_config.patch(patches), _donating(request.donated if kind == "backward" else None):
+    with inductor_config.patch(patches), aot.donating(request.donated if kind == "backward" else None):
         compiled = compile_fx_inner(
             _decomposed(_copy(request.gm)),
             request.example_inputs,
@@ -122,21 +123,3 @@ def _copy(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     for node in gm.graph.nodes:
         env[node] = graph.node_copy(node, env.__getitem__)
     return torch.fx.GraphModule(gm, graph, class_name=type(gm).__name__)
-
-
-@contextlib.contextmanager
-def _donating(donated: list[int] | None) -> Iterator[None]:
-    """Inductor lets a backward graph overwrite the inputs AOTAutograd lists as donated (``bw_donated_idxs``),
-    read as positions among the graph it compiles. For a segment they are set to ``donated``, the segment's
-    own positions (lowering.donated_inputs), for the duration; None leaves them alone (not a backward)."""
-    tracing = torch._guards.TracingContext.try_get()
-    metadata = getattr(tracing, "fw_metadata", None)
-    if donated is None or metadata is None or not hasattr(metadata, "bw_donated_idxs"):
-        yield
-        return
-    saved = metadata.bw_donated_idxs
-    metadata.bw_donated_idxs = donated
-    try:
-        yield
-    finally:
-        metadata.bw_donated_idxs = saved

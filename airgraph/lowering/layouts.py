@@ -2,7 +2,7 @@
 
 A traced ATen graph says what strides each value has in eager PyTorch (``node.meta["val"]``). Compiled code
 may choose others: Inductor lays out convolution activations channels-last when that is faster, and reports
-the strides its graph's outputs really have; AOTAutograd reads that report (``TracingContext.output_strides``)
+the strides its graph's outputs really have; AOTAutograd reads that report (lowering/aot.py)
 after compiling a forward graph and compiles the backward for saved tensors in those layouts (the backward's
 example inputs are restrided, and no longer match the backward graph's ``meta["val"]``).
 
@@ -23,8 +23,10 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch._guards import TracingContext, detect_fake_mode
+from torch._guards import detect_fake_mode
 from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+from airgraph.lowering import aot
 
 __all__ = ["Layouts", "real_outputs", "same_layout"]
 
@@ -61,14 +63,12 @@ class Layouts:
                 self.values[node] = value
 
     def report(self, graph_outputs: list[Any]) -> None:
-        """Tell AOTAutograd the graph outputs' real strides (``TracingContext.output_strides``), when it asks."""
-        context = TracingContext.try_get()
-        if context is None or context.output_strides is None:
-            return
-        context.output_strides.clear()
+        """Tell AOTAutograd the graph outputs' real strides (lowering/aot.py), when it asks."""
+        strides = []
         for node in graph_outputs:
             value = self.returned.get(node, self.value(node)) if isinstance(node, torch.fx.Node) else None
-            context.output_strides.append(tuple(value.stride()) if isinstance(value, torch.Tensor) else None)
+            strides.append(tuple(value.stride()) if isinstance(value, torch.Tensor) else None)
+        aot.report_output_strides(strides)
 
 
 def same_layout(a: Any, b: Any) -> bool:
@@ -108,7 +108,7 @@ def real_outputs(
     traced = [n.meta.get("val") for n in gm.graph.find_nodes(op="placeholder")]
     if reports:
         # A list of our own for what the compiler reports; the enclosing graph's (AOTAutograd's) is left alone.
-        with TracingContext.report_output_strides() as strides:
+        with aot.reported_output_strides() as strides:
             compiled = compile_segment(inputs)
         if not strides:
             return compiled, None

@@ -16,7 +16,7 @@ import torch
 
 from airgraph.graph.analysis import aliased_base
 from airgraph.graph.program import Segment
-from airgraph.lowering import backends
+from airgraph.lowering import aot, backends
 from airgraph.lowering.keys import shape_key
 from airgraph.lowering.layouts import Layouts, real_outputs
 from airgraph.lowering.request import LowerRequest
@@ -87,8 +87,7 @@ def donated_inputs(segments: list[Segment], placeholders: list[torch.fx.Node]) -
     A donated input whose memory another segment also reads (the input itself or a view of it), or that a
     segment returns a view of, is not donated: Inductor sees only its own segment, and would overwrite memory
     that another segment, maybe on another stream, still reads."""
-    context = torch._guards.TracingContext.try_get()
-    graph_donated = getattr(getattr(context, "fw_metadata", None), "bw_donated_idxs", None) or []
+    graph_donated = aot.donated_inputs()
     users: dict[torch.fx.Node, set[int]] = {}  # memory (its base node) -> segments reading it
     returned = {aliased_base(node) for seg in segments for node in seg.outputs}  # memory a segment hands on
     for seg in segments:

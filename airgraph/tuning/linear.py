@@ -27,6 +27,8 @@ from typing import Any
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
+from airgraph.lowering import aot
+
 __all__ = ["IMPLS", "TUNED_LINEAR", "available", "tuned_linear"]
 
 
@@ -114,7 +116,7 @@ def _compile_template(
     FakeTensorProp(gm, mode).propagate(fake_x)
     backend = "TRITON" if x.is_cuda else "CPP"
     patches = {"max_autotune_gemm": True, "max_autotune_gemm_backends": backend, "freezing": True, **schedule}
-    with inductor_config.patch(patches), torch._guards.tracing(torch._guards.TracingContext(mode)):
+    with inductor_config.patch(patches), aot.tracing(mode):
         compiled = compile_fx_inner(gm, [fake_x], is_inference=True)
     return compiled
 

@@ -32,6 +32,7 @@ from torch._guards import detect_fake_mode
 from torch.utils._python_dispatch import _disable_current_modes
 
 from airgraph.boxed import boxed
+from airgraph.lowering import aot
 from airgraph.tuning.operators import apply_op_choices
 
 __all__ = ["compiling", "freeze_inputs", "lower_tuned"]
@@ -84,7 +85,7 @@ def _freezing_passes(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> tor
     from torch._inductor import config as inductor_config
     from torch._inductor.freezing import freeze
 
-    with torch._guards.tracing(None), inductor_config.patch({"freezing": True}):
+    with aot.tracing(None), inductor_config.patch({"freezing": True}):
         frozen_gm, _ = freeze(gm, gm, example_inputs)
     return frozen_gm
 
@@ -97,10 +98,10 @@ def compiling(example_inputs: list[Any]) -> Iterator[None]:
     mode = detect_fake_mode(example_inputs) or torch._subclasses.FakeTensorMode(allow_non_fake_inputs=True)
     allow, mode.allow_non_fake_inputs = mode.allow_non_fake_inputs, True
     try:
-        if torch._guards.TracingContext.try_get() is not None:
+        if aot.tracing_active():
             yield
         else:
-            with torch._guards.tracing(torch._guards.TracingContext(mode)):
+            with aot.tracing(mode):
                 yield
     finally:
         mode.allow_non_fake_inputs = allow

@@ -10,9 +10,8 @@ values themselves are only real when the graph runs: a frozen segment takes them
 
 from __future__ import annotations
 
-import torch
-
 from airgraph.graph.program import Segment
+from airgraph.lowering import aot
 
 __all__ = ["freezable_positions", "segment_frozen"]
 
@@ -21,14 +20,7 @@ def freezable_positions(kind: str) -> set[int]:
     """Positions of the graph inputs that are frozen-able weights (call while the graph compiles)."""
     if kind != "inference":
         return set()
-    metadata = getattr(torch._guards.TracingContext.try_get(), "fw_metadata", None)
-    try:
-        static = set(metadata.static_input_indices or ())
-        mutated = {i for i, info in enumerate(metadata.input_info) if info.mutates_data or info.mutates_metadata}
-        aliased = {o.base_idx for o in metadata.output_info if o.base_idx is not None}
-    except AttributeError:  # no graph compiling, or another AOTAutograd: freeze nothing rather than guess
-        return set()
-    return static - mutated - aliased
+    return aot.unchanged_weights()  # none when unknown: freeze nothing rather than guess
 
 
 def segment_frozen(segment: Segment, positions: set[int]) -> list[int]:

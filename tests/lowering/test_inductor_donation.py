@@ -11,7 +11,7 @@ import torch
 from torch._guards import TracingContext, tracing
 from torch._inductor.utils import get_donated_idxs
 
-from airgraph.lowering.inductor import _donating
+from airgraph.lowering import aot
 from airgraph.lowering.lower import donated_inputs
 from tests.helpers import assert_close, compile_with
 
@@ -26,10 +26,10 @@ def traced_with(donated: list[int]) -> tuple[TracingContext, SimpleNamespace]:
 def test_a_segment_sees_its_own_positions_and_the_graph_s_are_put_back():
     context, metadata = traced_with([0, 2])
     with tracing(context):
-        with _donating([1]):
+        with aot.donating([1]):
             assert get_donated_idxs() == [1]
         assert get_donated_idxs() == [0, 2]
-        with _donating(None):  # not a backward graph: left alone
+        with aot.donating(None):  # not a backward graph: left alone
             assert get_donated_idxs() == [0, 2]
     assert metadata.bw_donated_idxs == [0, 2]
 
