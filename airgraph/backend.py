@@ -37,19 +37,18 @@ import functools
 import importlib
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from airgraph.boxed import boxed
 from airgraph.config import CompilerConfig
-from airgraph.graph.analysis import mutated_nodes, target_name, views_of_inputs
-from airgraph.graph.meta import SEGMENT, STREAM, placement
-from airgraph.graph.program import Segment
+from airgraph.graph.analysis import mutated_nodes, views_of_inputs
+from airgraph.graph.program import HostProgram, Segment
 from airgraph.kernels.static import StaticKernels
-from airgraph.kernels.warm import WarmGraph
 from airgraph.log import warn_once
-from airgraph.lowering import inductor_passes
+from airgraph.lowering import aot, inductor_passes
 from airgraph.lowering.capture_plan import CapturePlan, plan_capture
 from airgraph.lowering.host_split import split_host_work
 from airgraph.lowering.layouts import Layouts
@@ -57,7 +56,8 @@ from airgraph.lowering.lower import lower_segments
 from airgraph.lowering.partition import partition
 from airgraph.lowering.select import GraphRequest, ImplSource, choose
 from airgraph.passes import CompileContext, run_pipeline
-from airgraph.report.schema import GraphReport, NodeReport, SegmentReport, next_graph_id
+from airgraph.report.build import capture_plan_report, finish_graph_report, graph_report, warm_report
+from airgraph.report.schema import GraphReport
 from airgraph.runtime.capture import GraphCapture, MemoryPool, ObservedRun, ShapeKeyObserver
 from airgraph.runtime.device import DeviceRuntime, runtime_for
 from airgraph.runtime.executor import build_executor
@@ -117,7 +117,7 @@ class AirgraphBackend:
         if isinstance(kernels, StaticKernels) and not self.plan_only and self.runtime is None:  # kernels/warm.py
             warm = kernels.warm_start(gm, example_inputs)
             if warm is not None:
-                self.reports.append(_warm_report(warm, self.config.mode, dynamo_graph))
+                self.reports.append(warm_report(warm.num_nodes, warm.source, self.config.mode, dynamo_graph))
                 return Direct(warm, "inference") if self.direct else warm
         compile_as = functools.partial(self.compile_graph, dynamo_graph=dynamo_graph)
         if self.config.kernel_backend == "inductor":
@@ -153,105 +153,98 @@ class AirgraphBackend:
     def compile_graph(
         self, gm: torch.fx.GraphModule, example_inputs: list[Any], *, kind: str, dynamo_graph: int = 0
     ) -> Callable[[list], Any]:
+        """One ATen graph: passes -> capture plan -> host split -> partition -> choose and lower -> executor ->
+        capture (module docstring); its report is appended to ``self.reports``."""
         start = time.perf_counter()
-        config = self.config
         device = graph_device(gm, example_inputs)
-        runtime = runtime_for(device, self.runtime)
-        report = GraphReport(
-            id=next_graph_id(),
-            mode=config.mode,
+        job = _Job(
             kind=kind,
-            device=str(device),
-            dynamo_graph=dynamo_graph,
-            planned=self.plan_only,
+            device=device,
+            runtime=runtime_for(device, self.runtime),
+            report=graph_report(self.config.mode, kind, device, dynamo_graph, planned=self.plan_only),
+            request=GraphRequest(kind, device, self.config, static_kernels=self.static_kernels, tuning=self.tuning),
         )
-        request = GraphRequest(kind, device, config, static_kernels=self.static_kernels, tuning=self.tuning)
-        if kind == "inference" and config.kernel_backend == "inductor":
-            # Inductor's joint-graph passes, which a training graph got before its partitioner (__call__)
-            gm = inductor_passes.inference_passes(gm, example_inputs)
+        if kind == "inference" and self.config.kernel_backend == "inductor":
+            gm = inductor_passes.inference_passes(gm, example_inputs)  # a training graph's ran before its partition
         placeholders = gm.graph.find_nodes(op="placeholder")
-        outputs = list(gm.graph.find_nodes(op="output")[0].args[0])
         layouts = Layouts(placeholders, example_inputs)  # the strides values really have (lowering/layouts.py)
-
-        # 1. passes
-        ctx = CompileContext(config=config, report=report, kind=kind, device=device, example_inputs=example_inputs)
-        report.passes = run_pipeline(gm, ctx)
-        # 2. capture plan: made once, handed on
-        plan = plan_capture(gm, mode=config.mode, device=device, can_capture=runtime.can_capture)
-        report.uncaptured_reason = plan.uncapturable if self.plan_only or not plan.capture else None
-        if plan.split:
-            report.host_prologue = plan.host.describe()
-        # 3. host split: the host work lowered around the replay, and the device program that steps 4-7 compile
-        program = split_host_work(gm, plan.host, request) if plan.split and not self.plan_only else None
-        graph, graph_layouts, split = gm, layouts, None
-        if program is not None:  # the device program: the graph's inputs, then the host values it reads
-            graph = program.device_gm
-            graph_placeholders = graph.graph.find_nodes(op="placeholder")
-            graph_layouts = Layouts(graph_placeholders, [p.meta.get("val") for p in graph_placeholders])
-        # 4. partition
-        segments = partition(graph, streams=runtime.has_streams)
-        if program is not None:
-            segments = program.adopt(segments)
-        if self.plan_only:  # 5. choose only: nothing is lowered or run
-            for seg in segments:
-                seg.impl = None if seg.sync else choose(seg, request)
-            run = _planned_run(gm)
+        outputs = list(gm.graph.find_nodes(op="output")[0].args[0])
+        self._passes(job, gm, example_inputs)
+        plan = self._plan_capture(job, gm)
+        program = split_host_work(gm, plan.host, job.request) if plan.split and not self.plan_only else None
+        graph, segments = _partition(job, gm, program)
+        if self.plan_only:
+            run = _choose_only(job, gm, segments)
         else:
-            # 5. choose and lower
-            device_segments = segments if program is None else program.device_segments
-            donors = placeholders if program is None else None  # a backward's donated inputs: the graph's own
-            lower_segments(device_segments, request, layouts=graph_layouts, placeholders=donors)
-            # 6. executor, tuned on its first run when tuning is on
-            run = build_executor(graph, device_segments, device, runtime=runtime, priorities=report.stream_priorities)
-            if self.tuner is not None:
-                run = self.tuner.wrap(run, graph, device_segments, request, graph_layouts, report, runtime)
-            if program is not None:  # the host work around it
-                run = split = HostSplit(program, run, runtime)
+            run = self._lower_and_execute(job, graph, program, segments, layouts, placeholders)
         layouts.report(outputs)
-        # 7. capture (reduce-overhead), or the shape-key observers of an uncaptured run
-        observer = self._observer(report, segments)
-        if plan.capture and not self.plan_only:
-            run = self._capture(run, gm, device, kind, report, plan, views_of_inputs(graph), split, observer)
-        elif not self.plan_only:
-            if config.mode == "reduce-overhead" and not runtime.can_capture:
-                _warn_uncaptured(device)
-            if observer is not None:
-                run = ObservedRun(run, observer, _static_input_indices(kind))
-
-        report.nodes = [
-            NodeReport(
-                name=node.name,
-                target=target_name(node),
-                stream=node.meta.get(STREAM),
-                placement=placement(node),
-                segment=node.meta.get(SEGMENT),
-                device=str(val.device) if isinstance(val := node.meta.get("val"), torch.Tensor) else None,
-            )
-            for node in gm.graph.nodes
-        ]
-        report.segments = [
-            SegmentReport(
-                id=s.id,
-                stream=s.stream,
-                placement=s.placement,
-                backend=s.backend,
-                num_nodes=len(s.nodes),
-                chosen_by=s.impl.chosen_by if s.impl is not None else None,
-                source=dict(s.impl.source) if s.impl is not None else {},
-            )
-            for s in segments
-        ]
-        report.compile_seconds = time.perf_counter() - start
-        self.reports.append(report)
+        run = self._capture_or_observe(job, run, gm, graph, plan, segments)
+        finish_graph_report(job.report, gm, segments, start)
+        self.reports.append(job.report)
         return Direct(run, kind) if self.direct and not self.plan_only else run
+
+    def _passes(self, job: _Job, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> None:
+        """The pass pipeline (airgraph/passes) edits and annotates ``gm`` in place."""
+        ctx = CompileContext(
+            config=self.config, report=job.report, kind=job.kind, device=job.device, example_inputs=example_inputs
+        )
+        job.report.passes = run_pipeline(gm, ctx)
+
+    def _plan_capture(self, job: _Job, gm: torch.fx.GraphModule) -> CapturePlan:
+        """Whether and how reduce-overhead captures the graph: decided once, handed on (lowering/capture_plan.py)."""
+        plan = plan_capture(gm, mode=self.config.mode, device=job.device, can_capture=job.runtime.can_capture)
+        capture_plan_report(job.report, plan)
+        return plan
+
+    def _lower_and_execute(
+        self,
+        job: _Job,
+        graph: torch.fx.GraphModule,
+        program: HostProgram | None,
+        segments: list[Segment],
+        layouts: Layouts,
+        placeholders: list[torch.fx.Node],
+    ) -> Callable[[list], Any]:
+        """Lower the device segments for the strides their inputs really have, and run them in order on their
+        streams (tuned on the first run when tuning is on); with a host split, the host work around them."""
+        donors = placeholders  # a backward's donated inputs: the graph's own
+        if program is not None:  # the device program: the graph's inputs, then the host values it reads
+            segments, donors = program.device_segments, None
+            device_inputs = graph.graph.find_nodes(op="placeholder")
+            layouts = Layouts(device_inputs, [p.meta.get("val") for p in device_inputs])
+        lower_segments(segments, job.request, layouts=layouts, placeholders=donors)
+        report, runtime = job.report, job.runtime
+        run = build_executor(graph, segments, job.device, runtime=runtime, priorities=report.stream_priorities)
+        if self.tuner is not None:
+            run = self.tuner.wrap(run, graph, segments, job.request, layouts, report, runtime)
+        return run if program is None else HostSplit(program, run, runtime)
+
+    def _capture_or_observe(
+        self,
+        job: _Job,
+        run: Callable[[list], Any],
+        gm: torch.fx.GraphModule,
+        graph: torch.fx.GraphModule,
+        plan: CapturePlan,
+        segments: list[Segment],
+    ) -> Callable[[list], Any]:
+        """In reduce-overhead, GraphCapture records and replays ``run``; otherwise the shape-key observers (static
+        kernels record shapes there) watch it. A planned graph is returned as it is."""
+        observer = self._observer(job.report, segments)
+        if self.plan_only:
+            return run
+        if plan.capture:
+            split = run if isinstance(run, HostSplit) else None
+            return self._capture(run, gm, job, plan, views_of_inputs(graph), split, observer)
+        if self.config.mode == "reduce-overhead" and not job.runtime.can_capture:
+            _warn_uncaptured(job.device)
+        return run if observer is None else ObservedRun(run, observer, _static_input_indices(job.kind))
 
     def _capture(
         self,
         run: Callable[[list], Any],
         gm: torch.fx.GraphModule,
-        device: torch.device,
-        kind: str,
-        report: GraphReport,
+        job: _Job,
         plan: CapturePlan,
         input_views: dict[int, int],
         split: HostSplit | None,
@@ -261,18 +254,18 @@ class AirgraphBackend:
         mutated = mutated_nodes(gm.graph)
         return GraphCapture(
             run,
-            device=device,
-            static_indices=_static_input_indices(kind),
+            device=job.device,
+            static_indices=_static_input_indices(job.kind),
             mutated_indices=[i for i, p in enumerate(placeholders) if p in mutated],
             pool=self._pool,
             capture_limit=self.config.reduce_overhead.capture_limit,
             warmup_iters=self.config.reduce_overhead.warmup_iters,
-            report=report,
+            report=job.report,
             uncapturable=plan.uncapturable,
             input_views=input_views,
             host_split=split,
             observer=observer,
-            hand_out=kind == "inference",
+            hand_out=job.kind == "inference",
             in_graph_copies=self.config.reduce_overhead.input_copies == "in-graph",
         )
 
@@ -290,12 +283,32 @@ class AirgraphBackend:
         return observe
 
 
-def _warm_report(warm: WarmGraph, mode: str, dynamo_graph: int) -> GraphReport:
-    """A warm-started graph (airgraph/kernels/warm.py) was not traced to ATen: one segment, its static kernels."""
-    report = GraphReport(id=next_graph_id(), mode=mode, kind="inference", device="cpu", dynamo_graph=dynamo_graph)
-    segment = SegmentReport(0, None, "device", "static_kernels", warm.num_nodes, "static_kernels", warm.source)
-    report.segments = [segment]
-    return report
+@dataclass(frozen=True)
+class _Job:
+    """One ATen graph being compiled: what every step of :meth:`AirgraphBackend.compile_graph` reads."""
+
+    kind: str  # "inference", "forward" or "backward"
+    device: torch.device
+    runtime: DeviceRuntime
+    report: GraphReport
+    request: GraphRequest
+
+
+def _partition(
+    job: _Job, gm: torch.fx.GraphModule, program: HostProgram | None
+) -> tuple[torch.fx.GraphModule, list[Segment]]:
+    """The graph that runs on the device and the segments of the whole graph (lowering/partition.py): with a host
+    split, those of its device program and the host segments the program adopts."""
+    if program is None:
+        return gm, partition(gm, streams=job.runtime.has_streams)
+    return program.device_gm, program.adopt(partition(program.device_gm, streams=job.runtime.has_streams))
+
+
+def _choose_only(job: _Job, gm: torch.fx.GraphModule, segments: list[Segment]) -> Callable[[list], Any]:
+    """Planning: each compute segment's implementation is chosen, nothing is lowered or run."""
+    for segment in segments:
+        segment.impl = None if segment.sync else choose(segment, job.request)
+    return _planned_run(gm)
 
 
 def _warn_uncaptured(device: torch.device) -> None:
@@ -320,9 +333,7 @@ def _static_input_indices(kind: str) -> list[int]:
     """Parameters and buffers among the graph inputs (AOTAutograd knows; the backward graph has none)."""
     if kind == "backward":
         return []
-    context = torch._guards.TracingContext.try_get()
-    metadata = getattr(context, "fw_metadata", None)
-    return list(getattr(metadata, "static_input_indices", None) or [])
+    return aot.static_input_indices()
 
 
 def _planned_run(gm: torch.fx.GraphModule) -> Callable[[list], Any]:
