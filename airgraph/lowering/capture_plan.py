@@ -4,13 +4,15 @@ Decisions about a graph, made at compile time (runtime/capture.py carries them o
 
 - :func:`find_uncapturable` says why a graph cannot be captured (work on two GPUs, an op that needs a host sync
   (capture_rules.py), a CPU tensor inside the CUDA graph), naming the first offending op, or None;
+- a CUDA graph is refused while PyTorch's caching allocator is off (``PYTORCH_NO_CUDA_MEMORY_CACHING``), as the
+  runtime would refuse it;
 - :func:`launches` says whether a node may launch device work: a graph of no such node is not captured (a CUDA
   graph of nothing);
 - :func:`plan_host_work` classifies each node of a graph with host work (host placement's CPU ops) as static (a
   function of the shape key alone: computed once per key), per-call (depends on the data of CPU inputs, or is
   random: computed before every replay) or device (captured); host_split.py lowers the two host pieces.
 
-:func:`plan_capture` makes both decisions once per graph and hands them on in a :class:`CapturePlan` (the host
+:func:`plan_capture` makes these decisions once per graph and hands them on in a :class:`CapturePlan` (the host
 plan with them): nothing downstream asks again.
 """
 
@@ -23,8 +25,10 @@ from dataclasses import dataclass, field
 import torch
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
+from airgraph import config
 from airgraph.graph.meta import METADATA_OPS, on_host, tensors, transfer_device
 from airgraph.lowering.capture_rules import host_sync_reason
+from airgraph.runtime.device import UNCACHED_ALLOCATOR
 
 __all__ = [
     "NOTHING_TO_CAPTURE",
@@ -62,8 +66,14 @@ def plan_capture(gm: torch.fx.GraphModule, *, mode: str, device: torch.device, c
     if device.type == "cpu":  # the simulator: CPU tensors stand for device ones, only the ops are checked
         return CapturePlan(capture=True, uncapturable=find_uncapturable(gm, simulated=True))
     host = plan_host_work(gm) if has_host_work(gm) else None
-    reason = find_uncapturable(gm, host=host or HostPlan())
+    reason = find_uncapturable(gm, host=host or HostPlan()) or _allocator_refusal()
     return CapturePlan(capture=True, uncapturable=reason, host=host if reason is None else None)
+
+
+def _allocator_refusal() -> str | None:
+    """PyTorch's CUDA caching allocator bypassed (``PYTORCH_NO_CUDA_MEMORY_CACHING``): a capture's allocations would
+    not come from the graph's pool. Known from the environment at plan time; the runtime asks torch too."""
+    return UNCACHED_ALLOCATOR if config.torch_cuda_caching_disabled() else None
 
 
 NOTHING_TO_CAPTURE = "nothing to capture: the graph launches no device work (views, sizes and host work only)"

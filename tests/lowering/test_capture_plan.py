@@ -11,8 +11,11 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import airgraph.lowering.capture_rules as capture_rules
+from airgraph.config import CompilerConfig
 from airgraph.graph.fake_guard import fake_cuda_guard
 from airgraph.lowering.capture_plan import NOTHING_TO_CAPTURE, find_uncapturable, launches, plan_capture
+from airgraph.report.explain import plan
+from airgraph.runtime.device import UNCACHED_ALLOCATOR
 from airgraph.runtime.simulated import SimulatedCuda
 from tests.helpers import assert_close, compile_with, unsafe_double
 
@@ -163,3 +166,32 @@ def test_cpu_scalars_on_cuda():
     assert "changes from call to call" in run(noisy_scale, host_placement=False).uncaptured_reason
     assert run(noisy_scale, host_placement=True).captured
     assert run(lambda x: x * torch.tensor(2.5), host_placement=False).captured
+
+
+# -- the caching allocator: PyTorch's own variable turns it off, and a capture with it -------------------------
+
+
+@pytest.mark.parametrize("value", ["1", "0"])
+def test_no_caching_allocator_is_refused_when_a_cuda_graph_is_planned(monkeypatch, value):
+    monkeypatch.setenv("PYTORCH_NO_CUDA_MEMORY_CACHING", value)
+    config = CompilerConfig()
+    config.mode, config.kernel_backend = "reduce-overhead", "aten"
+    with torch.no_grad():
+        (graph,) = plan(torch.nn.Linear(8, 8), torch.randn(2, 8), device="cuda", config=config).graphs
+    assert graph.planned and not graph.captured
+    if value == "1":
+        assert graph.uncaptured_reason == UNCACHED_ALLOCATOR and "PYTORCH_NO_CUDA_MEMORY_CACHING" in UNCACHED_ALLOCATOR
+    else:
+        assert graph.uncaptured_reason is None
+
+
+def test_no_caching_allocator_refuses_cuda_graphs_only_after_the_graph_s_own_reasons(monkeypatch):
+    monkeypatch.setenv("PYTORCH_NO_CUDA_MEMORY_CACHING", "1")
+    ro = {"mode": "reduce-overhead", "can_capture": True}
+    simulated = plan_capture(trace(lambda x: x * 2, ((4,), "cpu")), device=torch.device("cpu"), **ro)
+    assert simulated.capture and simulated.uncapturable is None  # the simulator has no allocator to bypass
+    refused = plan_capture(trace(lambda x: x * 2, ((4,), "cuda")), device=torch.device("cuda"), **ro)
+    assert refused.capture and refused.uncapturable == UNCACHED_ALLOCATOR and refused.host is None
+    two_gpus = trace(lambda a, b: a + b.to("cuda:0"), ((4,), "cuda:0"), ((4,), "cuda:1"))
+    own = plan_capture(two_gpus, device=torch.device("cuda:0"), **ro).uncapturable
+    assert own.startswith("the graph touches cuda:0, cuda:1")  # first, as the runtime puts the plan's reason first
