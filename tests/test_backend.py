@@ -10,7 +10,8 @@ import torch
 from torch import nn
 
 from airgraph.models import build_tiny_llama, decode_inputs, prefill_inputs
-from tests.helpers import assert_close, compile_with
+from airgraph.runtime.simulated import SimulatedCuda
+from tests.helpers import Target, assert_close, compile_with
 
 BACKENDS = ["aten", pytest.param("inductor", marks=pytest.mark.slow)]
 MODES = ["max-autotune", "reduce-overhead"]
@@ -37,17 +38,43 @@ class ConvNet(nn.Module):
         return self.head(x.flatten(1))
 
 
+def on_target(mode: str, monkeypatch: pytest.MonkeyPatch) -> tuple[Target, list]:
+    """Where a test of ``mode`` runs: reduce-overhead on the CUDA simulator (the CPU records no graphs), with every
+    replay it performs counted; max-autotune on the CPU."""
+    if mode != "reduce-overhead":
+        return Target("cpu", None), []
+    sim, replays = SimulatedCuda(), []
+    replay = sim.replay
+
+    def counted(graph, recorded, args) -> None:
+        replays.append(graph)
+        replay(graph, recorded, args)
+
+    monkeypatch.setattr(sim, "replay", counted)
+    return Target("cpu", sim), replays
+
+
+def assert_ran(report, mode: str, replays: list, *, keys: int = 1) -> None:
+    """The path ``mode`` takes ran: captured and replayed in reduce-overhead, neither in max-autotune."""
+    captured = mode == "reduce-overhead"
+    assert report.captured is captured and report.capture_keys == (keys if captured else 0)
+    assert bool(replays) is captured and report.uncaptured_reason is None
+
+
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("kernel_backend", BACKENDS)
-def test_mlp_inference(kernel_backend, mode):
+def test_mlp_inference(kernel_backend, mode, monkeypatch):
     model = mlp().eval()
-    compiled, backend = compile_with(model, kernel_backend=kernel_backend, mode=mode)
+    target, replays = on_target(mode, monkeypatch)
+    compiled, backend = target.compile(model, kernel_backend=kernel_backend, mode=mode)
     x = torch.randn(4, 16)
     with torch.no_grad():
-        assert_close(compiled(x), model(x))
-        assert_close(compiled(x * 2), model(x * 2))
-    assert [r.kind for r in backend.reports] == ["inference"]
-    assert backend.reports[0].segments[0].backend == kernel_backend
+        for scale in (1, 2, 3):  # warm-up, record, replay
+            assert_close(compiled(x * scale), model(x * scale))
+    (report,) = backend.reports
+    assert report.kind == "inference"
+    assert [(s.backend, s.chosen_by) for s in report.segments] == [(kernel_backend, "config")]
+    assert_ran(report, mode, replays)
 
 
 @pytest.mark.parametrize("kernel_backend", BACKENDS)
@@ -149,10 +176,11 @@ def test_input_mutation_stays_in_graph_and_matches_eager():
         pytest.param("inductor", "max-autotune", marks=pytest.mark.slow),
     ],
 )
-def test_tiny_llama_prefill_and_decode(kernel_backend, mode):
+def test_tiny_llama_prefill_and_decode(kernel_backend, mode, monkeypatch):
     model = build_tiny_llama("micro", seed=3)
     reference = build_tiny_llama("micro", seed=3)
-    compiled, _ = compile_with(model, kernel_backend=kernel_backend, mode=mode, fullgraph=True)
+    target, replays = on_target(mode, monkeypatch)
+    compiled, backend = target.compile(model, kernel_backend=kernel_backend, mode=mode, fullgraph=True)
     cfg = model.config
     with torch.no_grad():
         tokens, pos = prefill_inputs(cfg, 1, 6, seed=1)
@@ -162,6 +190,9 @@ def test_tiny_llama_prefill_and_decode(kernel_backend, mode):
             assert_close(compiled(tokens, pos), reference(tokens, pos))
     for buf, ref_buf in zip(model.buffers(), reference.buffers(), strict=True):
         assert_close(buf, ref_buf)  # the KV caches were updated in place, as eager does
+    assert {s.chosen_by for r in backend.reports for s in r.segments if s.backend != "sync"} == {"config"}
+    for report in backend.reports:  # prefill and decode: a graph each, decode's replayed
+        assert_ran(report, mode, replays)
 
 
 def test_backend_by_name(monkeypatch):
