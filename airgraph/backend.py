@@ -1,33 +1,19 @@
-"""The torch.compile entry: Dynamo graph -> AOTAutograd -> passes -> partition -> choose -> lower -> executor
--> capture.
+"""The torch.compile entry: Dynamo graph -> AOTAutograd -> passes -> capture plan -> partition -> choose and lower
+-> executor -> capture (the design, step by step: docs/design/compile.md).
 
 ``get_backend(config)`` returns an :class:`AirgraphBackend`; ``torch.compile(model, backend="airgraph")``
-reaches :func:`airgraph_backend` through the ``torch_dynamo_backends`` entry point.
+reaches :func:`airgraph_backend` through the ``torch_dynamo_backends`` entry point. AOTAutograd turns each Dynamo
+graph into one inference graph, or a forward and a backward graph; with Inductor kernels, Inductor's own graph
+passes run where torch.compile runs them (lowering/inductor_passes.py).
 
-AOTAutograd turns each Dynamo graph into functional ATen graphs: one inference graph, or a forward and
-a backward graph for training. With Inductor kernels (the default), Inductor's own graph passes run where
-torch.compile runs them (lowering/inductor_passes.py): pre-grad on the Dynamo graph, joint-graph before the
-partitioner splits a training graph, or first thing on an inference graph. Each ATen graph goes through
-:meth:`AirgraphBackend.compile_graph`, which reads top to bottom:
+:meth:`AirgraphBackend.compile_graph` compiles one ATen graph in named steps, read top to bottom: passes, capture
+plan, host split (only with host work), partition, choose and lower, executor, capture. Invariants:
 
-1. passes (airgraph/passes): the pipeline edits and annotates the graph (streams, host placement, ...);
-2. capture plan (lowering/capture_plan.py): in reduce-overhead, whether the graph can be captured and, when it
-   has host work, how that work splits off around the replay (the host plan); made once and handed on;
-3. host split (lowering/host_split.py), only with a host plan: the host work is lowered as a prologue around the
-   replay and the rest becomes the device program, which steps 4 to 7 compile as they compile any graph;
-4. partition (lowering/partition.py): segments, runs of nodes sharing placement and stream;
-5. choose and lower (lowering/select.py, the seam; lowering/lower.py): each segment's implementation and who
-   chose it, compiled by its kernel backend for the strides its inputs really have;
-6. executor (runtime/executor.py): the segments in order, on their streams; with ``config.tuning.mode`` set, the
-   graph's first run tunes its segments or operators into the tuning bank and re-lowers them (airgraph/tuning);
-   with a host split, runtime/host.py runs the prologue around it;
-7. capture (runtime/capture.py): in reduce-overhead, ``GraphCapture`` records and replays the executor's run as
-   CUDA graphs, one per input-shape key.
-
-``plan_only=True`` (what ``airgraph.explain`` uses for fake inputs, e.g. ``device="cuda"`` tensors faked on a
-machine without a GPU) runs steps 1, 2 and 4 and chooses, but lowers nothing and captures nothing: the compiled
-callable returns fake outputs shaped like the traced ones, so no kernel is generated or launched, and every report
-is ``planned``.
+- the capture plan is made once per graph and handed on; nothing downstream asks again;
+- every compiled graph appends one report (report/build.py) that says who chose each segment (``chosen_by``);
+- AOTAutograd's metadata is read through lowering/aot.py only;
+- ``plan_only=True`` (``airgraph.explain`` on fake inputs) chooses but lowers, runs and captures nothing: the
+  callable returns fake outputs shaped like the traced ones, and every report is ``planned``.
 """
 
 from __future__ import annotations

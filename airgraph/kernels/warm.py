@@ -1,34 +1,20 @@
 """Warm start: a Dynamo graph whose static kernels are all installed runs them without AOTAutograd or lowering.
 
-With the library installed, a fresh process still traces its model twice before a static kernel runs: Dynamo
-(Python to an FX graph) and AOTAutograd (functionalization and decomposition to ATen, which also imports Inductor
-for its decompositions). For the tiny LLaMA decode step on a 2-core CPU the second is most of the time to the
-first output (benchmarks/static_kernels.py). Where the ATen graph is one static-kernel segment, it can be skipped:
+Where a Dynamo graph's ATen graph is one static-kernel segment, a later process can skip AOTAutograd's trace
+(the design, and why: docs/design/compile.md, "Warm starts"):
 
-- **recorded** by the process that built the kernels (:func:`graph_record`): a Dynamo graph qualifies when its
-  ATen graph is an inference graph whose single segment reads only graph inputs and returns the graph's outputs
-  in order (tensors), with nothing left to AOTAutograd's runtime wrappers: input mutations stay in the graph, no
-  output aliases an input or an intermediate, no input is duplicated or a subclass, no effect tokens. The package
-  then says which Dynamo graph (its graph key and a digest of the options that shape compilation) the segment's
-  kernels serve, and which graph inputs they read;
-- **restarts** recorded too: with ``dynamic=True``, Dynamo passes a module's Python floats (an epsilon) as
-  symbolic inputs, and AOTAutograd, failing to turn one into a tensor, makes Dynamo trace the frame again with it
-  specialized (``TensorifyScalarRestartAnalysis``) after tracing the whole graph. The building process records
-  that the first graph restarted and which floats were specialized; a later process asks Dynamo for the same
-  restart at once (a first attempt that costs AOTAutograd's trace, in every process, without this);
-- **used** by a later process (:func:`warm_start`, called by the backend before AOTAutograd): for a Dynamo graph
-  the library records, on the CPU, without autograd, whose current shape key has a kernel that runs here, the
-  backend returns a :class:`WarmGraph` that calls the kernels directly. It guards the compiled graph on the
-  symbol values of the installed keys (a ShapeEnv guard, as Inductor's own specializations): a call with any
-  other shapes makes Dynamo compile the graph again, and that compile takes the ordinary path (dynamic kernels,
-  records, builds). With building on, a key whose installed files are damaged or gone is left out of the guard
-  (and a graph whose current key it is is not warm-started), so that its shapes take the ordinary path, which
-  builds it again; the other keys stay warm. A kernel that cannot be loaded after all (refused, or removed since)
-  runs the Dynamo graph eagerly, with a warning.
+- **recorded** by the process that built the kernels (:func:`graph_record`): an inference graph whose single
+  segment reads only graph inputs and returns the graph's outputs in order, with nothing left to AOTAutograd's
+  runtime wrappers (lowering/aot.py); the package says which Dynamo graph the kernels serve and which inputs
+  they read. A restart Dynamo made (``TensorifyScalarRestartAnalysis``) is recorded too, and asked for at once;
+- **used** by a later process (:func:`warm_start`, before AOTAutograd): on the CPU, without autograd, for a
+  recorded graph whose current shape key has a kernel that runs here, a :class:`WarmGraph` calls the kernels
+  directly, guarded on the installed keys' symbol values; other shapes compile again on the ordinary path.
 
-Not on CUDA (nor with a simulated CUDA runtime): there the ordinary path captures the kernels in a CUDA graph,
-which a warm graph would skip. A warm graph writes no shape records (its keys were recorded by the process that
-built them); its report has one segment, ``chosen_by: static_kernels``, with ``warm_start`` in its source.
+Invariants: never on CUDA or the simulator (the ordinary path captures the kernels there); a damaged or missing
+key is left out of the guard so that it is built again; a kernel that cannot be loaded runs the Dynamo graph
+eagerly, with a warning; a warm graph writes no shape records; its report has one segment, ``chosen_by:
+static_kernels``, with ``warm_start`` in its source.
 """
 
 from __future__ import annotations

@@ -1,30 +1,19 @@
 """airgraph.explain (and airgraph.plan): compile a function with airgraph, run it once, and return what was compiled.
 
-Planning for a device you do not have: when the inputs are fake tensors (``FakeTensorMode``, e.g. faked on
-``device="cuda"`` on a laptop), ``explain`` compiles *without running*: the pass pipeline and the
-partitioning run for real, but no kernel is generated, launched or captured (``AirgraphBackend(plan_only=
-True)``); every graph report says ``planned``. :func:`plan` does the faking for you: it turns real example
-inputs and a module's parameters and buffers into fake tensors on the device, compiles, and puts the
-module's own tensors back. This is the API behind ``airgraph inspect --device cuda``.
+Fake inputs (``FakeTensorMode``, e.g. faked on ``device="cuda"`` on a laptop) mean planning: the pass pipeline,
+the capture plan and the partitioning run for real, but no kernel is generated, launched or captured
+(``AirgraphBackend(plan_only=True)``), and every graph report says ``planned``. :func:`plan` fakes real inputs
+and a module's parameters and buffers onto the device for the call, and puts the module's own tensors back
+(the API behind ``airgraph inspect --device cuda``).
 
-Module state, the rule: a module's real parameters and buffers are faked onto the device of the fake
-inputs for the duration of the call (the module is not modified afterwards). Modules built directly under a
-fake mode work too, when their constructor does (``nn.Linear(..., device="cuda")`` does; ``Module.to`` does
-not, as a fake tensor cannot be swapped). Plain tensor attributes that are neither parameters nor buffers
-are not faked.
+Invariants (the rules and their reasons: docs/design/compile.md, "Planning for a device you do not have"):
 
-On a CPU-only build of PyTorch, CUDA has no device guard, so Python indexing of a fake CUDA tensor
-(``t[1:]``, ``t[idx] = v``) fails inside PyTorch; :func:`fake_cuda_guard` installs PyTorch's own fake CUDA
-guard for the duration of planning (see its docstring). Training graphs (autograd on) cannot be planned on
-such a build: AOTAutograd traces the backward through the autograd engine, which asks for a real accelerator;
-plan under ``torch.no_grad()`` there (a CUDA build of PyTorch plans them without a GPU).
-
-Planned outputs are empty fake tensors shaped like the traced outputs (``AirgraphBackend(plan_only=True)``),
-so code after a graph break still runs; a data-dependent size (``.item()``) is unknown when planning and
-counts as 1 there. Code that needs a value runs on those fake tensors too: a Python branch on a tensor
-(``if y.sum() > 0:``, where Dynamo breaks the graph and runs the ``if`` eagerly), ``.item()`` outside a graph, an op
-whose output size depends on values. Fake tensors have no values, so planning cannot go on: it raises
-:class:`PlanError`, naming the user's line and the ways around it.
+- the module is never modified: its state is faked for the call only;
+- planned outputs are empty fake tensors shaped like the traced ones (a data-dependent size counts as 1);
+- code that needs a tensor's value (a Python branch on a tensor, ``.item()``, a data-dependent shape) raises
+  :class:`PlanError`, naming the user's line and the ways around it;
+- training graphs need a CUDA build of PyTorch to plan; on a CPU-only build the error says to plan under
+  ``torch.no_grad()``.
 """
 
 from __future__ import annotations

@@ -146,8 +146,8 @@ class Tuner(UnitMeasuring):
         run: Callable,
     ) -> Callable:
         """Lower the segments with their units' choices and keep them if the whole graph got measurably faster
-        (measure.decide: by at least MIN_GAIN and beyond the run-to-run spread; a gain within noise once kept a
-        choice that a fresh process measured 5% slower)."""
+        (measure.decide: by at least MIN_GAIN and beyond the run-to-run spread, as a gain within noise may be a
+        loss in the next process)."""
         saved = {seg.id: (seg.impl, seg.compiled) for seg in graph.segments}
         changed = self._lower_choices(graph, recorded, tentative)
         if not changed:
