@@ -4,7 +4,7 @@ a shape-specialized kernel for each, ship them as a package, install it into a k
 The flow, in the order the data goes:
 
 - ``static.py``: ``StaticKernels``, made by the backend when ``config.static_kernels.enabled``: the seam's
-  static-kernels step, a shape observer per compiled graph, the builder and the loader;
+  static_kernels step, a shape observer per compiled graph, the builder and the loader;
 - ``records.py``: every operator at each new shape key, as JSON in the seed's layout (``static_kernel_outputs/``);
 - ``shapes.py``: the concrete sizes of a dynamic-shape graph for one call (symbols bound from its arguments);
 - ``build.py``: one segment compiled for one shape key by Inductor, as an AOTInductor package;
