@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from airgraph import ops
+from airgraph.boxed import boxed
 from airgraph.graph.codegen import Emitter, compile_function, last_uses
 from airgraph.graph.meta import H2D, HOST, HOST_PLACEMENT
 from airgraph.graph.program import Segment
@@ -106,8 +107,7 @@ def build_executor(
         streams.join([n for n in outputs if isinstance(n, torch.fx.Node)], names)
     body.append(f"    return {emitter.arg(list(outputs), names)}")
     run = compile_function("\n".join(body) + "\n", emitter.globals, "run", "executor")
-    run._boxed_call = True
-    return run
+    return boxed(run)
 
 
 class _StreamCode:

@@ -66,6 +66,9 @@ import torch
 import torch.utils._pytree as pytree
 from torch._C._dynamo.guards import GlobalStateGuard
 
+from airgraph.boxed import boxed
+from airgraph.runtime.keys import MISS
+
 __all__ = ["MISS", "Direct", "FastPath"]
 
 # The calls of Direct graphs seen while a FastPath learns a signature (None: nobody is learning).
@@ -86,7 +89,6 @@ _increment_version = torch._C._increment_version  # torch.autograd.graph.increme
 # how a call is matched to the last guarded route taken (FastPath.__call__). None where torch lacks it: then every
 # call computes its signature.
 _TensorGuards = getattr(torch._C._dynamo.guards, "TensorGuards", None)
-MISS = object()  # what a route (or a GraphCapture's fast replayer) returns for a call it leaves to torch.compile
 
 
 @dataclass
@@ -109,7 +111,7 @@ class Direct:
     leave to ``torch.compile``; any other ``run`` is called as it is."""
 
     def __init__(self, run: Callable[[list], Any], kind: str) -> None:
-        self._boxed_call = True
+        boxed(self)
         self.run, self.kind = run, kind
 
     def __call__(self, args: list) -> Any:

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from airgraph.boxed import boxed
 from airgraph.graph.program import HostProgram, Transfer
 from airgraph.runtime.device import CUDA, DeviceRuntime
 
@@ -46,7 +47,7 @@ class HostSplit:
     """
 
     def __init__(self, program: HostProgram, device_fn: Callable[[list], Any], runtime: DeviceRuntime = CUDA) -> None:
-        self._boxed_call = True  # an instance attribute, as GraphCapture's (see there)
+        boxed(self)
         self.program = program
         self.device_fn = device_fn
         self.runtime = runtime

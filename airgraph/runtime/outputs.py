@@ -1,11 +1,17 @@
-"""How each output of a replay reaches the caller (runtime/capture.py's documented policy: outputs stay correct),
-and copying memory that an expanded view (stride 0) covers once per element it really has."""
+"""How each output of a replay reaches the caller (docs/design/capture.md's policy: outputs stay correct), and
+copying memory that an expanded view (stride 0) covers once per element it really has.
+
+An output plan is one named value per output (:data:`OutputHow`): :class:`Keep`, :class:`InputView`,
+:class:`Clone` or :class:`CopyStorage`. Outputs in pool memory have a :class:`Handed` record per storage, settled
+before the next replay of the pool may overwrite that memory.
+"""
 
 from __future__ import annotations
 
 import weakref
 from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -14,7 +20,13 @@ from torch.multiprocessing.reductions import StorageWeakRef
 _use_count = torch._C._storage_Use_Count
 
 __all__ = [
+    "KEEP",
+    "Clone",
+    "CopyStorage",
     "Handed",
+    "InputView",
+    "Keep",
+    "OutputHow",
     "copy_out",
     "expanded_dims",
     "hand",
@@ -59,55 +71,74 @@ def memory_copier(copy: Copy, dst: Any) -> Copy:
     return copy_expanded
 
 
-# How each output of a replay reaches the caller (see the module docstring):
-_KEEP, _INPUT_VIEW, _CLONE, _COPY = "keep", "input view", "clone", "copy"
+@dataclass(frozen=True, slots=True)
+class Keep:
+    """A non-tensor, or a view of an input used in place (parameters, buffers, CPU inputs of host work): that
+    memory is theirs, not the pool's; returned as it is."""
+
+
+@dataclass(frozen=True, slots=True)
+class InputView:
+    """A view of input ``source`` (from the FX graph), which has a static buffer: the same view of the caller's
+    tensor. Only graph-level views: an output that merely occupies an input's buffer (an input Inductor was allowed
+    to overwrite) is pool data like any other."""
+
+    source: int
+
+
+@dataclass(frozen=True, slots=True)
+class Clone:
+    """An output alone in its storage whose elements do not overlap: a copy of its elements, strides kept (nothing
+    regenerates a view from it); ``clone`` when it is ``dense`` (it keeps those strides)."""
+
+    dense: bool
+
+
+@dataclass(frozen=True, slots=True)
+class CopyStorage:
+    """Outputs sharing a storage (a view and its base), and overlapping ones (an expanded view): the storage copied
+    once for all of them, offsets kept, so AOTAutograd regenerates the view from the base as eager would."""
+
+    storage: int
+
+
+KEEP = Keep()
+OutputHow = Keep | InputView | Clone | CopyStorage
 
 
 def output_plan(
     outputs: Sequence[Any],
-    static_args: list,
+    static_args: Sequence[Any],
     num_args: int,
     copy_indices: tuple[int, ...],
     input_views: dict[int, int],
-) -> list[tuple]:
-    """How each output reaches the caller after a replay:
-
-    - (_KEEP,): non-tensors, and views of inputs used in place (parameters, buffers, CPU inputs of host work):
-      that memory is theirs, not the pool's;
-    - (_INPUT_VIEW, i): a view of input ``i`` (``input_views``, from the FX graph), which has a static buffer:
-      the same view of the caller's tensor. Only graph-level views: an output that merely occupies an input's
-      buffer (an input Inductor was allowed to overwrite) is pool data like any other;
-    - (_CLONE, dense): an output alone in its storage whose elements do not overlap: a copy of its elements,
-      strides kept (nothing regenerates a view from it); ``clone`` when it is dense (it keeps those strides);
-    - (_COPY, storage): outputs sharing a storage (a view and its base), and overlapping ones (an expanded
-      view): the storage copied once for all of them, offsets kept, so AOTAutograd regenerates the view from
-      the base as eager would.
-    """
+) -> tuple[OutputHow, ...]:
+    """How each output reaches the caller after a replay (:data:`OutputHow`, one per output)."""
     in_place = {
         storage(a)
         for i, a in enumerate(static_args[:num_args])
         if isinstance(a, torch.Tensor) and i not in copy_indices and a.untyped_storage().nbytes()
     }
-    plan: list[tuple] = []
+    plan: list[OutputHow] = []
     for position, out in enumerate(outputs):
         source = input_views.get(position)
         if not isinstance(out, torch.Tensor):
-            plan.append((_KEEP,))
+            plan.append(KEEP)
         elif not out.untyped_storage().nbytes():  # no memory (a null pointer): nothing to tell apart
-            plan.append((_CLONE, True))
+            plan.append(Clone(True))
         elif source is not None and source in copy_indices and storage(out) == storage(static_args[source]):
-            plan.append((_INPUT_VIEW, source))
+            plan.append(InputView(source))
         elif storage(out) in in_place:
-            plan.append((_KEEP,))
+            plan.append(KEEP)
         else:
-            plan.append((_COPY, storage(out)))
-    shared = Counter(how[1] for how in plan if how[0] == _COPY)
+            plan.append(CopyStorage(storage(out)))
+    shared = Counter(how.storage for how in plan if type(how) is CopyStorage)
     for i, (out, how) in enumerate(zip(outputs, plan, strict=True)):
-        if how[0] == _COPY and shared[how[1]] == 1:
+        if type(how) is CopyStorage and shared[how.storage] == 1:
             non_overlapping, dense = layout(out)
             if non_overlapping:
-                plan[i] = (_CLONE, dense)
-    return plan
+                plan[i] = Clone(dense)
+    return tuple(plan)
 
 
 def layout(t: torch.Tensor) -> tuple[bool, bool]:
@@ -171,31 +202,37 @@ class Handed:
         return True
 
 
-def copy_out(static_outputs: Sequence[Any], plan: list[tuple], static_args: list, args: list) -> list[Any]:
+def copy_out(
+    static_outputs: Sequence[Any], plan: Sequence[OutputHow], static_args: Sequence[Any], args: list
+) -> list[Any]:
     """A replay's outputs for the caller, by ``plan`` (:func:`output_plan`): pool memory copied once per storage,
     offsets and sharing kept."""
     copies: dict[int, Any] = {}
     outputs = []
     for out, how in zip(static_outputs, plan, strict=True):
-        kind = how[0]
-        if kind == _CLONE:
-            if how[1]:
+        kind = type(how)
+        if kind is Clone:
+            if how.dense:
                 outputs.append(out.clone())
             else:  # a strided view: only its elements, same strides
                 copy = torch.empty_strided(out.size(), out.stride(), dtype=out.dtype, device=out.device)
                 outputs.append(copy.copy_(out))
-        elif kind == _COPY:
-            if how[1] not in copies:
-                copies[how[1]] = out.untyped_storage().clone()
+        elif kind is CopyStorage:
+            if how.storage not in copies:
+                copies[how.storage] = out.untyped_storage().clone()
             view = torch.empty(0, dtype=out.dtype, device=out.device)
-            outputs.append(view.set_(copies[how[1]], out.storage_offset(), out.size(), out.stride()))
+            outputs.append(view.set_(copies[how.storage], out.storage_offset(), out.size(), out.stride()))
         else:
             outputs.append(_not_pool(out, how, static_args, args))
     return outputs
 
 
 def hand_out(
-    static_outputs: Sequence[Any], plan: list[tuple], static_args: list, args: list, records: list[Handed | None]
+    static_outputs: Sequence[Any],
+    plan: Sequence[OutputHow],
+    static_args: Sequence[Any],
+    args: list,
+    records: Sequence[Handed | None],
 ) -> list[Any]:
     """A replay's outputs for the caller without copying pool memory: each such output is a new tensor on the
     graph's own memory (``detach``: same storage, offset, sizes and strides), told to its storage's
@@ -213,23 +250,23 @@ def hand(out: torch.Tensor, record: Handed) -> torch.Tensor:
     return alias
 
 
-def _not_pool(out: Any, how: tuple, static_args: list, args: list) -> Any:
+def _not_pool(out: Any, how: OutputHow, static_args: Sequence[Any], args: list) -> Any:
     """An output that is not in the pool's memory: kept as it is, or the same view of the caller's input."""
-    if how[0] == _KEEP:
+    if type(how) is Keep:
         return out
-    base, buffer = args[how[1]], static_args[how[1]]
+    base, buffer = args[how.source], static_args[how.source]
     offset = out.storage_offset() - buffer.storage_offset() + base.storage_offset()
     return base.as_strided(out.size(), out.stride(), offset)
 
 
-def handed_records(static_outputs: Sequence[Any], plan: list[tuple]) -> list[Handed | None]:
+def handed_records(static_outputs: Sequence[Any], plan: Sequence[OutputHow]) -> tuple[Handed | None, ...]:
     """Per output in pool memory, the :class:`Handed` record of its storage (one per storage, holding a weak
     reference to it and how many hold it now: taken at the recording, when only the graph's own outputs do); None
     for the others."""
     records: dict[int, Handed] = {}
     result: list[Handed | None] = []
     for out, how in zip(static_outputs, plan, strict=True):
-        if how[0] not in (_CLONE, _COPY):
+        if type(how) not in (Clone, CopyStorage):
             result.append(None)
             continue
         key = storage(out)
@@ -237,4 +274,4 @@ def handed_records(static_outputs: Sequence[Any], plan: list[tuple]) -> list[Han
             ref = StorageWeakRef(out.untyped_storage())
             records[key] = Handed(ref, _use_count(ref.cdata))
         result.append(records[key])
-    return result
+    return tuple(result)

@@ -58,6 +58,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from airgraph.boxed import boxed
 from airgraph.runtime.device import BORROWED, FOREACH_COPY_DTYPES, UNCACHED_ALLOCATOR, record
 from airgraph.runtime.outputs import expanded_dims, memory_copier, one_per_expanded, storage
 from airgraph.runtime.simulated_device import DeviceFunctions, DeviceOps, Placement, device_to_host
@@ -436,8 +437,7 @@ class SimulatedCuda:
                     self._allocated(value, stream, stamp, label)
             return outputs
 
-        run._boxed_call = True  # type: ignore[attr-defined]
-        return run
+        return boxed(run)
 
     def _allocated(self, tensor: torch.Tensor, stream: SimStream, stamp: tuple[int, int], label: str) -> None:
         if not tensor.untyped_storage().nbytes():

@@ -151,7 +151,7 @@ def test_a_moved_parameter_is_recorded_again_and_replayed(target, captures):
     (report,) = backend.reports
     assert report.uncaptured_reason is None, report.uncaptured_reason
     assert report.captured and report.capture_keys == 1 and report.recaptures == 1
-    (entry,) = captures[0]._keys.values()
+    (entry,) = captures[0].keys.values()
     assert entry.state is CaptureState.CAPTURED and entry.replays == 3
 
 
@@ -187,9 +187,9 @@ def test_mutated_user_input_is_copied_back(target, captures):
             assert_close(state, ref_state)
     (report,) = backend.reports
     assert report.captured and report.capture_keys == 1
-    (entry,) = captures[0]._keys.values()
+    (entry,) = captures[0].keys.values()
     # the caller's state has a static buffer, copied back after each of the three replays
-    assert entry.replays == 3 and entry.copy_back == (0,) and entry.static_args[0] is not state
+    assert entry.replays == 3 and entry.recorded.copy_back == (0,) and entry.recorded.static_args[0] is not state
 
 
 def test_caller_stream_is_honoured(target, monkeypatch):
@@ -306,7 +306,7 @@ def test_a_static_cache_made_per_call_gets_its_memory_back_and_replays(captures)
             del cache, expected
     (report,) = backend.reports
     assert report.captured and report.recaptures <= 1, report.recaptures
-    (entry,) = captures[0]._keys.values()
+    (entry,) = captures[0].keys.values()
     assert entry.replays == generates * tokens - 1 - report.recaptures  # a recording: one call, warmed up
 
 

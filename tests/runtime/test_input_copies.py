@@ -62,9 +62,10 @@ def test_a_graph_fills_its_input_buffers_itself_from_each_calls_tensors(counted,
     assert feeds == [1] * 5 and not launches  # the first call records: five replays
     assert not sim.problems
     (capture,) = captures
-    (entry,) = capture._keys.values()
-    (position,) = entry.fed  # the input (after the parameters)
-    assert not entry.batches and entry.graph.fed[0][0] == position
+    (entry,) = capture.keys.values()
+    recorded = entry.recorded
+    (position,) = recorded.fed  # the input (after the parameters)
+    assert not recorded.batches and recorded.graph.fed[0][0] == position
 
 
 def test_by_default_inputs_are_copied_by_a_launch(counted):
@@ -196,7 +197,7 @@ def test_a_graph_that_fails_to_record_without_its_input_copies_too_runs_uncaptur
     assert "recording its input copies in the graph failed" not in caplog.text
     assert "runs uncaptured: CUDA graph capture failed: SimulatedCudaError: operation not permitted" in caplog.text
     (capture_of_step,) = captures
-    assert capture_of_step._feed and feeds == [1, 1] and not launches  # the second key is fed (its two replays)
+    assert capture_of_step._recorder.feed and feeds == [1, 1] and not launches  # the second key is fed (2 replays)
 
 
 @pytest.mark.simulator_problems  # (it checks the reports itself)
@@ -280,8 +281,9 @@ def test_cuda_graphs_copy_each_calls_inputs_in_the_graph(cuda_launches, captures
             assert_close(y, model(x))
     assert not cuda_launches
     (capture,) = captures
-    (entry,) = capture._keys.values()
-    assert isinstance(entry.graph, feeding.FedGraph) and len(entry.fed) == 1 and not entry.batches
+    (entry,) = capture.keys.values()
+    recorded = entry.recorded
+    assert isinstance(recorded.graph, feeding.FedGraph) and len(recorded.fed) == 1 and not recorded.batches
 
 
 @pytest.mark.cuda
@@ -308,8 +310,9 @@ def test_cuda_a_decode_loop_with_new_token_tensors_makes_eager_tokens(cuda_launc
     assert [int(t) for t in made] == [int(t) for t in expected]
     assert not cuda_launches and step.fast_calls > 0 and torch.cuda.current_device() == device
     (capture,) = captures
-    (entry,) = capture._keys.values()
-    assert isinstance(entry.graph, feeding.FedGraph) and len(entry.fed) == 2 and not entry.batches
+    (entry,) = capture.keys.values()
+    recorded = entry.recorded
+    assert isinstance(recorded.graph, feeding.FedGraph) and len(recorded.fed) == 2 and not recorded.batches
 
 
 def test_a_replay_off_the_lean_path_is_fed_too(counted, captures):
@@ -328,8 +331,8 @@ def test_a_replay_off_the_lean_path_is_fed_too(counted, captures):
         assert_close(y, fn(x)[0])
         assert view.data_ptr() == x[1:].data_ptr()
     (capture,) = captures
-    (entry,) = capture._keys.values()
-    assert entry.lean is None and entry.fed
+    (entry,) = capture.keys.values()
+    assert entry.recorded.lean is None and entry.recorded.fed
     assert feeds == [1] * 3 and not launches
 
 
@@ -359,8 +362,8 @@ def test_a_graph_whose_copies_cannot_be_pointed_at_a_calls_tensors_is_recorded_a
     assert "pointing its input copies at the call's tensors failed" in caplog.text
     assert len(failures) == 3 and launches  # fed twice, failed once, then copies launched
     (capture,) = captures
-    (entry,) = capture._keys.values()
-    assert not entry.fed and entry.batches and entry.recaptures == 1  # one shape key, recorded twice
+    (entry,) = capture.keys.values()
+    assert entry.recaptures == 1 and not entry.recorded.fed and entry.recorded.batches  # one key, recorded twice
     assert capture._report.capture_keys == 1 and capture._report.recaptures == 1
     assert not sim.problems
 
@@ -413,16 +416,13 @@ def test_a_fed_input_the_graph_mutates_is_copied_back(counted, captures):
         assert_close(compiled(x, y), want)
         assert_close(x, want_x)
     (capture,) = captures
-    (entry,) = capture._keys.values()
-    assert len(entry.fed) == 2 and len(entry.copy_back) == 1 and feeds == [2] * 3
+    (entry,) = capture.keys.values()
+    assert len(entry.recorded.fed) == 2 and len(entry.recorded.copy_back) == 1 and feeds == [2] * 3
 
 
 def test_without_the_bindings_inputs_are_copied_by_a_launch_with_one_warning(monkeypatch, caplog, counted):
-    from airgraph.runtime import capture
-
     feeds, launches = counted
     monkeypatch.setattr(SimulatedCuda, "can_feed", False)  # as CudaRuntime where cuda.bindings is missing
-    monkeypatch.setitem(capture._warned, "unfed", False)
     model = Step().eval()
     config = make_config(mode="reduce-overhead", kernel_backend="aten", **IN_GRAPH)
     with caplog.at_level(logging.WARNING, logger="airgraph"), torch.no_grad():

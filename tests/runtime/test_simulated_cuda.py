@@ -426,11 +426,12 @@ def test_weights_saved_for_backward_are_used_in_place(captures):
 
     train_steps(4)
     (backward,) = [c for c in captures if c._report.kind == "backward"]
-    (entry,) = backward._keys.values()
+    (entry,) = backward.keys.values()
+    recorded = entry.recorded
     weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    in_place = [i for i in entry.static_checked if entry.static_ptrs[i] in weights]  # by address: not kept alive
-    assert in_place and all(entry.static_args[i] is BORROWED for i in in_place)  # the saved weights
-    assert not [i for i in entry.copy_indices if entry.static_args[i].untyped_storage().data_ptr() in weights]
+    in_place = [i for i in recorded.static_checked if recorded.static_ptrs[i] in weights]  # by address: not kept alive
+    assert in_place and all(recorded.static_args[i] is BORROWED for i in in_place)  # the saved weights
+    assert not [i for i in recorded.copy_indices if recorded.static_args[i].untyped_storage().data_ptr() in weights]
     # A weight replaced by a new tensor (new memory): forward and backward see it moved and record again.
     new_weight = torch.randn(16, 8)
     model[0].weight = torch.nn.Parameter(new_weight.clone())
@@ -475,9 +476,10 @@ def test_a_view_of_a_buffer_at_a_moving_offset_is_recaptured_once_then_copied(ca
     sim.check()
     assert [r.recaptures for r in backend.reports] == [0, 1]  # the graph reading the view: recorded again once
     reader = captures[1]
-    (entry,) = reader._keys.values()
-    (view,) = reader._moved  # the input guessed static (a view of the buffer) and seen moving: copied from then on
-    assert entry.state is CaptureState.CAPTURED and view in entry.copy_indices and entry.replays == 6
+    (entry,) = reader.keys.values()
+    # the input guessed static (a view of the buffer) and seen moving: copied from then on
+    (view,) = reader._policy.moved_guesses
+    assert entry.state is CaptureState.CAPTURED and view in entry.recorded.copy_indices and entry.replays == 6
 
 
 def test_parameters_replaced_every_call_stop_the_recordings_with_one_warning(caplog):
@@ -579,7 +581,7 @@ def test_a_new_static_input_at_the_recorded_address_is_replayed_on(captures):
     sim.check()
     (report,) = backend.reports
     assert report.captured and report.recaptures == 0
-    (entry,) = captures[0]._keys.values()
+    (entry,) = captures[0].keys.values()
     assert entry.replays == 3 * 4 - 1  # every step but the first (its warm-up, then recorded)
 
 
