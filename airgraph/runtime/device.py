@@ -1,31 +1,20 @@
 """The device runtime: the streams, events and graph captures that the executor and GraphCapture use.
 
 The executor (multi-stream graphs) and :class:`~airgraph.runtime.capture.GraphCapture` (reduce-overhead) call
-the device through one small object instead of ``torch.cuda`` directly. :data:`CUDA` is the real one. The
-other is :class:`airgraph.runtime.simulated.SimulatedCuda`: streams, events and graphs simulated on the CPU
-with a happens-before checker and a model of the GPU state a capture touches, so the CUDA-only logic (forks,
-joins, waits, lifetimes, capture and replay) runs and is checked on a machine without a GPU.
-
-Every runtime implements :class:`DeviceRuntime` (a typed Protocol): :data:`CUDA`, :data:`CPU` (no device
-streams and no graphs: the executor runs segments in order; ``time`` is ``perf_counter``) and the simulator.
+the device through one small object instead of ``torch.cuda`` directly. Every runtime implements
+:class:`DeviceRuntime` (a typed Protocol): :data:`CUDA` (:class:`CudaRuntime`, here), :data:`CPU` (no device
+streams and no graphs: runtime/cpu.py) and :class:`airgraph.runtime.simulated.SimulatedCuda`, which simulates
+streams, events and graphs on the CPU so the CUDA-only logic runs and is checked without a GPU.
 
 Recording a graph follows one protocol, :func:`record`, whatever the runtime: CUDA's and the simulator's graphs
 expose the same steps (:class:`Recording`), so the simulator's tests of a capture that fails at each step test the
-clean-up CUDA runs. A failed capture leaves the device as it was: the stream is out of capture mode, the caching
-allocator no longer allocates into the pool and the pool's use count is what it was, and the default generator
-is out of capture mode (in torch 2.11 ``capture_begin`` flags it before anything else can fail and only a
-``capture_end`` that succeeds clears the flag; left set, every later random op on that GPU raises).
+clean-up CUDA runs.
 
-Two things cannot be undone from Python, so they are avoided instead (both seen on an H100 with torch 2.11):
-
-- a ``capture_begin`` on the default stream is refused by PyTorch after the generator was flagged; :func:`record`
-  refuses it before anything starts (:meth:`Recording.refusal`), and the generator's reset captures on a stream of
-  its own, never the caller's;
-- ``capture_begin`` also makes the pinned host allocator allocate into the pool, and only a ``capture_end`` that
-  succeeds ends that: PyTorch binds no call to end it. A pool whose capture failed after the allocators began is
-  therefore *spent*: any later capture into it fails with "beginAllocateToPool: already recording to mempool_id".
-  :func:`record` says so (:attr:`CaptureError.pool_spent`), and the graphs' memory pool
-  (runtime/capture.py's ``MemoryPool``) takes a fresh pool for later captures.
+Invariants: a failed capture leaves the device as it was (the stream out of capture mode, the caching allocator
+no longer allocating into the pool and the pool's use count what it was, the default generator out of capture
+mode); a capture on the default stream is refused before anything starts; a pool whose capture failed after the
+allocators began is reported spent (:attr:`CaptureError.pool_spent`), never recorded into again.
+docs/design/capture.md ("The device runtime") says why each holds, as seen on an H100 with torch 2.11.
 """
 
 from __future__ import annotations
@@ -33,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import statistics
-import time
 import warnings
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Protocol, runtime_checkable
@@ -43,6 +31,7 @@ import torch
 from airgraph import config, ops
 from airgraph.ops import cuda_index
 from airgraph.runtime import feeding
+from airgraph.runtime.cpu import CPU, CpuRuntime
 
 __all__ = [
     "CPU",
@@ -174,8 +163,8 @@ class DeviceRuntime(Protocol):
 
 class CaptureError(RuntimeError):
     """A recording failed (its ``__cause__`` says why) and was cleaned up (:func:`record`). ``pool_spent``: the capture
-    got as far as the allocators, so the pinned host allocator still allocates into the pool (module docstring):
-    no graph can be captured into that pool again."""
+    got as far as the allocators, so the pinned host allocator still allocates into the pool
+    (docs/design/capture.md, "The device runtime"): no graph can be captured into that pool again."""
 
     def __init__(self, cause: BaseException, *, pool_spent: bool) -> None:
         super().__init__(f"{type(cause).__name__}: {cause}")
@@ -209,7 +198,7 @@ def record(recording: Recording, fn: Callable[[list], Any], args: list) -> Any:
     other failure, in ``capture_begin`` as much as in ``fn`` or ``capture_end``, is cleaned up and raised as a
     :class:`CaptureError` from it: a stream capture still open is ended; if the allocator still captures into the
     pool, ``capture_begin`` took a use of the pool that no graph will give back (only a graph whose capture ended
-    does), so it is ended and given back, and the pool is spent (module docstring); the default generator is taken
+    does), so it is ended and given back, and the pool is spent (docs/design/capture.md); the default generator is taken
     out of capture mode. Each clean-up step that finds nothing to do (refused) is skipped."""
     refusal = recording.refusal()
     if refusal is not None:
@@ -404,114 +393,7 @@ class CudaRuntime:
         return statistics.median(times)
 
 
-class _NoStream:
-    """The CPU's one stream: work is ordered by program order, so there is nothing to wait for."""
-
-    def wait_stream(self, other: Any) -> None:
-        pass
-
-    def wait_event(self, event: Any) -> None:
-        pass
-
-
-class _NoEvent:
-    def record(self, stream: Any = None) -> None:
-        pass
-
-
-class CpuRuntime:
-    """The CPU: one implicit stream, no graphs (reduce-overhead runs the executor uncaptured)."""
-
-    has_streams = False
-    can_capture = False
-    can_feed = False
-    _stream = _NoStream()
-
-    def current_stream(self, device: torch.device | None = None) -> _NoStream:
-        return self._stream
-
-    def stream_reader(self, device: torch.device) -> Callable[[], Hashable]:
-        return self.current_stream
-
-    def side_stream(self, tag: str, device: torch.device | None = None, priority: int = 0) -> _NoStream:
-        return self._stream
-
-    def new_stream(self, device: torch.device | None = None) -> _NoStream:
-        return self._stream
-
-    def use(self, stream: Any) -> contextlib.AbstractContextManager:
-        return contextlib.nullcontext()
-
-    def new_event(self) -> _NoEvent:
-        return _NoEvent()
-
-    def record_stream(self, tensor: torch.Tensor, stream: Any) -> None:
-        pass
-
-    def pool_handle(self) -> None:
-        return None
-
-    def static_buffer(self, t: torch.Tensor) -> torch.Tensor:
-        return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
-
-    def capture(
-        self,
-        fn: Callable[[list], Any],
-        args: list,
-        *,
-        pool: Any,
-        stream: Any,
-        device: torch.device,
-        fed: Sequence[tuple[int, torch.Tensor]] = (),
-    ) -> tuple:
-        raise RuntimeError("the CPU records no graphs: reduce-overhead runs the executor uncaptured")
-
-    def feed(self, graph: Any, sources: Sequence[torch.Tensor]) -> None:
-        raise RuntimeError("the CPU records no graphs: reduce-overhead runs the executor uncaptured")
-
-    def replay(self, graph: Any, recorded: list, args: list) -> None:
-        raise RuntimeError("the CPU records no graphs: reduce-overhead runs the executor uncaptured")
-
-    def capture_refusal(self, device: torch.device) -> str | None:
-        return f"reduce-overhead captures CUDA graphs; this graph runs on {device.type}"
-
-    def clear_blas_workspaces(self) -> None:
-        pass
-
-    def pinned(self, t: torch.Tensor) -> torch.Tensor:  # nothing is copied to a device
-        return t
-
-    def pinned_copy(self, t: torch.Tensor) -> torch.Tensor:
-        return t.clone()
-
-    def wrap_segment(self, segment: Any, fn: Callable[[list], Any]) -> Callable[[list], Any]:
-        return fn
-
-    def copy_(self, dst: torch.Tensor, src: torch.Tensor, *, non_blocking: bool = False) -> None:
-        dst.copy_(src)
-
-    def copy_many(self, dsts: Sequence[torch.Tensor], srcs: Sequence[torch.Tensor]) -> None:
-        torch._foreach_copy_(dsts, srcs)
-
-    def run_op(self, op: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        return op(*args, **kwargs)
-
-    def reading(self, values: Any) -> None:
-        pass
-
-    def time(self, fn: Callable[[list], Any], args: list, iters: int) -> float:
-        """``perf_counter`` around each call (the CPU runs it synchronously)."""
-        fn(list(args))
-        times = []
-        for _ in range(iters):
-            start = time.perf_counter()
-            fn(list(args))
-            times.append(time.perf_counter() - start)
-        return statistics.median(times)
-
-
 CUDA = CudaRuntime()
-CPU = CpuRuntime()
 
 
 def runtime_for(device: torch.device, override: DeviceRuntime | None = None) -> DeviceRuntime:

@@ -1,32 +1,18 @@
-"""CPU tensors standing for CUDA ones: the simulator's device (``SimulatedCuda.to_device``), and its ops.
+"""CPU tensors standing for CUDA ones: the simulator's device (``SimulatedCuda.to_device``), its ops, and the cost
+model of ``SimulatedCuda.time``.
 
-The simulator (runtime/simulated.py) runs CPU graphs as if they were CUDA graphs: streams, events and captures
-are simulated, but every value is a CPU tensor, so what depends on a value's device does not run: host
-placement (nothing is on a device, so nothing moves to the host), the host split around a replay and its copies
-to the device, the refusal of a CPU tensor inside a CUDA graph. With tensors placed on the simulated device,
-those run too:
+The simulator runs CPU graphs as if they were CUDA graphs, but every value is a CPU tensor, so what depends on a
+value's device would not run. With tensors placed on the simulated device (:class:`Placement`), it does:
 
 - **tracing**: while a compiled function is called under ``SimulatedCuda.call()``, Dynamo and AOTAutograd fake
-  every placed tensor (a module's parameters and buffers, inputs, and views of them) as a CUDA tensor: the
-  simulator wraps ``FakeTensorMode.from_tensor`` for the duration (its signature is the same in torch 2.11 to
-  2.13), and ``fake_cuda_guard`` lets fake CUDA tensors be made on a CPU-only build. The graph is the one a GPU
-  run traces: ``x.device`` is ``cuda:0``, ``torch.tensor(..., device=x.device)`` is a CPU constant and a copy to
-  the device, Dynamo's scalars are CPU tensors beside CUDA ones. Every pass, the capture plan and the host split
-  take their CUDA paths. Tensors not placed are host tensors (a CPU input of the program). Attention traces
-  as the math kernel, as on a machine without a GPU: on a GPU machine, fake CUDA attention would pick the GPU's
-  flash or memory-efficient kernel, which the simulator's CPU run cannot execute.
-- **running**: the real values stay CPU tensors (Dynamo's guards check the real tensors, which are on the CPU).
-  Device work (segments, the host split's copies to the device, GraphCapture's copies) runs under
-  :class:`DeviceOps`, which reads a ``device="cuda"`` argument as the CPU: a copy to the device is a copy, a
-  factory allocates on the CPU. Host work is on the CPU already. Results are the eager CPU results whenever the
-  CUDA logic is right.
+  every placed tensor as a CUDA tensor; every pass, the capture plan and the host split take their CUDA paths;
+- **running**: the real values stay CPU tensors; device work runs under :class:`DeviceOps`, which reads a
+  ``device="cuda"`` argument as the CPU and runs every op past the GPU state the simulator models
+  (simulated_state.py).
 
-:class:`DeviceOps` also runs every op of the simulated device (placed or not) past the GPU state the simulator
-models (simulated_state.py): an op that synchronises with the host raises inside a recording and invalidates it,
-a random op consults the generator's capture flag, a GEMM uses its stream's cuBLAS workspace.
-
-Kernel backends: the ATen one and the interpreter (``debug.run_eagerly``); Inductor would generate Triton kernels
-for a CUDA graph, which need a GPU.
+Invariants: results are the eager CPU results whenever the CUDA logic is right; attention traces as the math
+kernel; kernel backends are the ATen one and the interpreter (Inductor would generate Triton kernels).
+docs/design/simulator.md has the details.
 """
 
 from __future__ import annotations
@@ -41,12 +27,13 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._pytree import tree_leaves
 
 from airgraph.graph.fake_guard import fake_cuda_guard
 from airgraph.graph.meta import tensors, transfer_device
 from airgraph.runtime.simulated_state import GEMMS, SimulatedCudaError, host_sync
 
-__all__ = ["DeviceFunctions", "DeviceOps", "Placement", "device_to_host"]
+__all__ = ["CostModel", "DeviceFunctions", "DeviceOps", "Placement", "device_to_host"]
 
 _CPU, _CUDA = torch.device("cpu"), torch.device("cuda", 0)
 
@@ -83,7 +70,7 @@ class Placement:
 
     @contextlib.contextmanager
     def tracing(self) -> Iterator[None]:
-        """Fake placed tensors as CUDA tensors for the duration (module docstring); re-entrant."""
+        """Fake placed tensors as CUDA tensors for the duration (docs/design/simulator.md); re-entrant."""
         if self._active or not self._placed:
             yield
             return
@@ -124,7 +111,7 @@ class DeviceFunctions(TorchFunctionMode):
 
 
 class DeviceOps(TorchDispatchMode):
-    """Runs the simulated device's ops on the CPU, past the GPU state the simulator models (module docstring)."""
+    """Runs the simulated device's ops on the CPU, past the GPU state the simulator models (simulated_state.py)."""
 
     def __init__(self, runtime: Any) -> None:  # runtime: the SimulatedCuda
         super().__init__()
@@ -164,3 +151,18 @@ def device_to_host(node: torch.fx.Node) -> bool:
         return False
     from_device = [t for t in tensors(getattr(source, "meta", {}).get("val")) if t.device.type != "cpu"]
     return device is not None and device.type == "cpu" and bool(from_device)
+
+
+class CostModel(TorchDispatchMode):
+    """Sums the modelled cost of the ATen ops dispatched inside (views and metadata ops are free)."""
+
+    def __init__(self, launch: float, bandwidth: float) -> None:
+        super().__init__()
+        self.launch, self.bandwidth, self.seconds = launch, bandwidth, 0.0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if not func.is_view:
+            tensors = [t for t in tree_leaves((args, kwargs, out)) if isinstance(t, torch.Tensor)]
+            self.seconds += self.launch + sum(t.numel() * t.element_size() for t in tensors) / self.bandwidth
+        return out

@@ -1,44 +1,45 @@
 """The GPU state a CUDA graph capture touches, as the simulator (runtime/simulated.py) models it.
 
-Each piece is modelled so that the mistake it stands for fails a simulated run the way it fails on a GPU:
+Each piece fails a simulated run the way the mistake it stands for fails on a GPU:
 
-- :class:`Allocator`: the caching allocator's graph pools. A capture into a pool takes a use of it, and a graph
-  whose capture ended gives it back when destroyed; at zero the allocator releases the pool, and a later capture
-  into the same handle fails (``TORCH_INTERNAL_ASSERT(use_count > 0)`` in ``create_or_incref_pool``). It also
-  knows which pools are being captured into: beginning a second capture into one fails, and so does ending one
-  that is not. The pinned host allocator is a second one (``SimulatedCuda.host_allocator``): ``capture_begin``
-  begins it right after the device's, and only a ``capture_end`` that succeeds ends it, for PyTorch binds no call
-  that does (torch 2.11 on an H100: a capture into a pool after a failed one raised "beginAllocateToPool: already
-  recording to mempool_id" though the device allocator's capture had been ended).
-- :class:`Generator`: the default CUDA generator's capture flag as torch 2.11 keeps it: ``capture_begin`` sets it
-  before anything else can fail (the default stream is refused after it), only a ``capture_end`` that succeeds
-  clears it, and a random op outside a capture while it is set raises "Offset increment outside graph capture
-  encountered unexpectedly."
-- :class:`Workspaces`: cuBLAS's workspaces, one per (thread, stream): the first GEMM there allocates one, from the
-  graph pool when it runs inside a capture, else from the ordinary allocator; a recording keeps the one it found.
-  ``clear`` frees them all (``torch._C._cuda_clearCublasWorkspaces``, which CUDAGraph Trees call), or one stream's
-  (torch 2.13, not 2.11, does that when a graph captured on the stream is destroyed). A replay whose workspace went back
-  to the ordinary allocator writes memory a user's tensor may own by then: the simulator reports it.
-- :class:`SimGraph`: one graph, recorded step by step as ``torch.cuda.CUDAGraph`` is, in torch 2.11's order
-  (generator, then the allocators, then the stream capture), with the failure points a test can break
-  (``SimulatedCuda.break_capture_at``): ``BREAK_POINTS``. (``capture_end`` can also fail between the allocator's
-  end and the generator's epilogue, on a graph CUDA returns null or a sticky CUDA error; such a failure leaks a use
-  of the pool on torch 2.11-2.13, which nothing outside PyTorch can tell apart, so it is not offered.)
-- :func:`host_sync`: the ops that synchronise with the host, which CUDA refuses inside a capture (the recording
-  raises and the capture is invalidated: its ``capture_end`` fails too).
+- :class:`Allocator`: the caching allocator's graph pools (use counts, captures allocating into them); the
+  pinned host allocator is a second one, which only a ``capture_end`` that succeeds ends;
+- :class:`Generator`: the default CUDA generator's capture flag, as torch 2.11 keeps it;
+- :class:`Workspaces`: cuBLAS's workspaces, one per (thread, stream), and where each was allocated from;
+- :class:`SimGraph`: one graph, recorded step by step in torch 2.11's order, with the failure points a test can
+  break (:data:`BREAK_POINTS`);
+- :func:`host_sync`: the ops that synchronise with the host, which CUDA refuses inside a capture.
+
+Also the recording's helpers: outputs left unwritten, the check for a recording that did no device work, and
+fed sources kept by address. docs/design/simulator.md says how each piece fails, and why.
 """
 
 from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_leaves
 
-__all__ = ["BREAK_POINTS", "Allocator", "Generator", "SimGraph", "SimulatedCudaError", "Workspaces", "host_sync"]
+from airgraph.runtime.outputs import memory_copier, storage
+
+__all__ = [
+    "BREAK_POINTS",
+    "Allocator",
+    "Generator",
+    "SimGraph",
+    "SimulatedCudaError",
+    "Workspaces",
+    "copy_memory",
+    "did_nothing",
+    "fed_sources",
+    "host_sync",
+    "unwritten",
+]
 
 aten = torch.ops.aten
 
@@ -60,7 +61,7 @@ class SimulatedCudaError(RuntimeError):
 
 
 class Allocator:
-    """The caching allocator's graph pools: use counts and the captures allocating into them (module docstring)."""
+    """The caching allocator's graph pools: use counts and the captures allocating into them (simulator.md)."""
 
     def __init__(self) -> None:
         self.use_counts: dict[Any, int] = {}
@@ -90,7 +91,7 @@ class Allocator:
 
 
 class Generator:
-    """The default CUDA generator's capture flag (torch 2.11; module docstring)."""
+    """The default CUDA generator's capture flag (torch 2.11; docs/design/simulator.md)."""
 
     def __init__(self) -> None:
         self.capturing = False
@@ -108,7 +109,7 @@ class Workspace:
 
 
 class Workspaces:
-    """cuBLAS workspaces per (thread, stream) (module docstring)."""
+    """cuBLAS workspaces per (thread, stream) (docs/design/simulator.md)."""
 
     def __init__(self) -> None:
         self._by_key: dict[tuple[int, int], Workspace] = {}
@@ -289,3 +290,46 @@ def host_sync(func: Any, args: tuple, kwargs: dict) -> str | None:
     if torch.Tag.data_dependent_output in func.tags or func.overloadpacket is aten.is_nonzero:
         return "it reads a device value on the host"
     return None
+
+
+def unwritten(outputs: Any, args: list) -> None:
+    """The memory of a recording's outputs as a CUDA recording leaves it: never written. The recording ran on the
+    call's inputs, so its outputs hold that call's results, which a real one does not compute: each output storage
+    that is not an argument's is overwritten, floating point with NaN and other types with every bit flipped (a
+    value that differs from the result), so that whoever reads them before a replay gets wrong results, as on a GPU.
+    (An argument's memory is put back by :meth:`SimulatedCuda.capture`.)"""
+    taken = {storage(a) for a in args if isinstance(a, torch.Tensor)}
+    for out in outputs if isinstance(outputs, (list, tuple)) else ():
+        if not isinstance(out, torch.Tensor) or not out.untyped_storage().nbytes() or storage(out) in taken:
+            continue
+        taken.add(storage(out))
+        memory = torch.empty(0, dtype=out.dtype).set_(out.untyped_storage())  # all of it, once
+        if memory.is_floating_point() or memory.is_complex():
+            memory.fill_(float("nan"))
+        else:
+            memory.bitwise_not_()
+
+
+def did_nothing(outputs: Any, saved: list[tuple[torch.Tensor, torch.Tensor]], versions: list[int]) -> bool:
+    """Whether a recording did no device work, as far as its memory tells: every output is a view of an argument
+    (nothing allocated and written), and no argument was written: its version counter is where it was (``versions``;
+    an in-place op writing the values already there counts as work, as its kernel does) and it holds what it held
+    before (``saved``: each with its copy; a compiled kernel writes without bumping a version; NaN counts as
+    written). A recording that only allocates counts as work: a CUDA graph of one is as empty. One without outputs
+    is not looked at: a compiled graph has some; the memory pool's keeper (capture.py) has none."""
+    taken = {storage(a) for a, _ in saved}
+    outs = [out for out in tree_leaves(outputs) if isinstance(out, torch.Tensor)]
+    if not outs or any(storage(out) not in taken for out in outs):
+        return False
+    unchanged = zip(saved, versions, strict=True)
+    return all(a._version == version and torch.equal(a, before) for (a, before), version in unchanged)
+
+
+def copy_memory(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """``src`` into ``dst`` (same layout), an expanded one (stride 0) over the memory it really has, once."""
+    memory_copier(torch.Tensor.copy_, dst)(dst, src)
+
+
+def fed_sources(fed: Iterable[tuple[int, torch.Tensor]]) -> list[tuple[int, weakref.ref, int]]:
+    """A SimGraph's fed sources, kept as CUDA keeps them: by address (with a weak reference to tell a freed one)."""
+    return [(position, weakref.ref(source), source.data_ptr()) for position, source in fed]
