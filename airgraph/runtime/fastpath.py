@@ -1,59 +1,19 @@
 """The fast path: a call of a compiled model that goes straight to its compiled graph (``airgraph.compile(...,
-fast_path=True)``).
+fast_path=True)``), past Dynamo's guards and AOTAutograd's wrapper, which cost a decode step more than its replay.
 
-A decode step is small: on the host, Dynamo's guards and AOTAutograd's wrapper cost more than the replay they
-lead to (tiny LLaMA on the CPU: 36 of 49 us per step before airgraph's first line). Once a call signature has
-been seen, :class:`FastPath` calls the graph's own callable (the GraphCapture, or the executor where nothing is
-captured) with the arguments Dynamo would have passed, and returns what the model would have returned.
+Once a call signature has been seen, :class:`FastPath` calls the graph's own callable (the GraphCapture's fast
+replayer, or the executor where nothing is captured) with the arguments Dynamo would have passed, and returns
+what the model would have returned. The second call of a signature learns its route while it goes through
+``torch.compile`` (:class:`Direct` graphs report their arguments and outputs).
 
-**Learning** (the second call of a signature: the first one may compile, and compiling may touch the tensors
-whose versions are checked below): the call goes through ``torch.compile`` as usual, while
-the compiled graphs it reaches report their arguments and outputs (:class:`Direct`). A route is made only when
-every one of these holds, else the signature is refused for good (it always takes the ``torch.compile`` path,
-at no extra cost):
-
-- exactly one compiled graph ran, an inference graph (no autograd: a training step needs AOTAutograd's
-  autograd.Function), and it was airgraph's (the backend made by ``airgraph.compile``);
-- each of its tensor arguments is one of the call's tensors, or a parameter or buffer of the model (the same
-  object every call); non-tensor arguments (sizes) are constants of the signature;
-- each tensor the model returned is one of the graph's outputs or one of the call's tensors;
-- nothing outside the graph wrote the call's tensors, the parameters or buffers (``Tensor._version``): an input
-  mutation AOTAutograd applies after the graph, or eager code around it, would be skipped.
-
-**What a skipped guard would have caught, caught cheaply** (each one tested):
-
-- a new shape, stride, dtype, device, type (a tensor subclass) or conjugate or negative bit of any tensor argument (a
-  view whose value is not its bytes: a graph reading its memory in place, or copying its bytes, would read the
-  unconjugated values), or another value of a non-tensor argument (int, float, bool, str, None), or another
-  argument structure: another signature, learned anew. A call of plain tensors only is first matched against the
-  last guarded route taken: the same flags (below) and tensors that pass that route's TensorGuards (Dynamo's C++
-  check of type, dtype, device, sizes, strides, requires_grad and dispatch keys, made from the learning call's
-  tensors before it ran): such a call has that route's signature, found without computing it. A learning call
-  that changed its signature (the forward ran ``x.requires_grad_()``, which no version counts) is refused;
-- grad mode or inference mode switched, or the model put in training or eval mode (``model.train()``,
-  ``model.eval()``: the model's own ``training`` flag): part of the signature;
-- the rest of the global state Dynamo guards on (autocast, the default dtype, TF32 and reduced-precision matmul
-  flags, deterministic algorithms, the number of threads...): each route keeps Dynamo's own GlobalStateGuard of
-  its learning call and checks it every call (0.2 us); a change leaves the route, and the call goes through
-  ``torch.compile`` (whose guards recompile) and learns the route anew;
-- a parameter, buffer or submodule assigned (``module.weight = ...``, ``load_state_dict(assign=True)``): global
-  registration hooks count every assignment in the process, and every route of every fast path is dropped;
-- parameters replaced without an assignment: ``model.to`` (``.half``, ``.cuda``) under
-  ``torch.__future__.set_overwrite_module_params_on_conversion(True)`` puts new Parameter objects into the modules'
-  dicts, unseen by the hooks. While that flag is on, no call takes a route (the flag is part of the signature) and
-  the routes learned before are dropped;
-- a parameter or buffer moved (``model.to``, ``.half()``, ``param.data = ...``): its address is checked each call
-  (the GraphCapture's own check on captured graphs), and the call goes through ``torch.compile``, whose guards
-  recompile where the dtype or device changed.
-
-**What it does not check** (why it is opt-in): Python state the forward reads besides its arguments, parameters
-and buffers (a flag on the module, a global, a tensor attribute that is not a buffer is refused, but an int
-attribute is a constant of the graph; the ``training`` flag of a submodule switched alone), a parameter object
-put into a module's ``_parameters`` by hand (or by ``model.to`` with that future flag switched on and off again
-between two calls of the fast path), and a parameter or buffer given another layout in place at its address
-(``t_()``, ``as_strided_()``, ``p.data = p.data.t()``: the address check passes, the replay reads the old
-layout). Dynamo guards on those; the fast path does not. Call :meth:`FastPath.reset` after changing such state,
-or leave the fast path off.
+Invariants: a route is made only when exactly one airgraph inference graph ran, its tensor arguments are the
+call's tensors or the model's parameters and buffers, the model returned only graph outputs or call tensors, and
+nothing outside the graph wrote them; otherwise the signature is refused for good. Every call checks what a
+skipped guard would have caught (the signature, grad and inference mode, training flags, Dynamo's global state,
+assignments to modules, moved parameters); a call that fails a check goes through ``torch.compile``. What it does
+not check (Python state the forward reads besides its arguments, parameters and buffers; a parameter given
+another layout at its address) is why it is opt-in: :meth:`FastPath.reset` after changing such state.
+docs/design/fastpath.md has every rule and why.
 """
 
 from __future__ import annotations
@@ -85,9 +45,8 @@ _overwrites_parameters = torch.__future__.get_overwrite_module_params_on_convers
 _Tensor = torch.Tensor
 _increment_version = torch._C._increment_version  # torch.autograd.graph.increment_version, without its checks
 # Dynamo's check of tensors against the type, dtype, device, sizes, strides, requires_grad and dispatch keys it was
-# made from, in one C++ call (0.14 us for two tensors; the whole signature of such a call costs 1.6 us in Python):
-# how a call is matched to the last guarded route taken (FastPath.__call__). None where torch lacks it: then every
-# call computes its signature.
+# made from, in one C++ call, cheaper than a signature (docs/design/fastpath.md): how a call is matched to the last
+# guarded route taken (FastPath.__call__). None where torch lacks it: then every call computes its signature.
 _TensorGuards = getattr(torch._C._dynamo.guards, "TensorGuards", None)
 
 

@@ -1,18 +1,16 @@
 """In-graph input copies on CUDA (``config.reduce_overhead.input_copies = "in-graph"``): a graph that fills its own
 input buffers.
 
-Before a replay, the caller's inputs are copied into the graph's static buffers. Launched as one
-``torch._foreach_copy_``, that copy costs the host more than the replay it feeds (H100, torch 2.11: 7-11 us against
-3-5 us for ``CUDAGraph.replay()``, benchmarks/results/launch_floor_cuda.json). Here the copies are recorded as the
-graph's first nodes instead: one memcpy node per input, from the recording call's tensor into the buffer. Before
-each replay, the nodes are pointed at that call's tensors (``cudaGraphExecMemcpyNodeSetParams1D``: a change to the
-instantiated graph on the host, no launch; skipped for a node whose source address is the same). CUDA applies such
-a change to later launches only, so a launch still queued copies what it was given: the semantics of a copy launched
-on the same stream just before each replay, which is what it replaces.
+A copy launched before each replay costs the host more than the replay it feeds (docs/design/capture.md,
+"In-graph input copies", cites the measurement). Here the copies are recorded as the graph's first nodes
+instead: one memcpy node per input, from the recording call's tensor into the buffer. Before each replay,
+:meth:`FedGraph.feed` points the nodes at that call's tensors (``cudaGraphExecMemcpyNodeSetParams1D``: a change
+to the instantiated graph on the host, no launch; skipped for a node whose source address is the same).
 
-The CUDA runtime API comes from ``cuda.bindings`` (NVIDIA's Python bindings, a dependency of torch's Linux CUDA
-wheels from 2.11 to 2.15). Without it (:func:`bindings` is None), the runtime cannot feed a graph and replays copy
-their inputs with a launch.
+Invariants: CUDA applies such a change to later launches only, so a launch still queued copies what it was given
+(the semantics of a copy launched on the same stream just before each replay); a source is laid out as its
+buffer (a memcpy of its bytes); every CUDA runtime call's failure raises :class:`FeedError`. The CUDA runtime API
+comes from ``cuda.bindings``; without it (:func:`bindings` is None) the runtime cannot feed a graph.
 """
 
 from __future__ import annotations
