@@ -69,7 +69,7 @@ def test_seed_fragment_runs_its_host_work_once_per_key_around_the_replays(scalar
         assert {"gather", "cat", "_local_scalar_dense"} <= set(report.host_prologue["static"])
         assert not report.host_prologue["per_call"]
         assert [s.placement for s in report.segments] == ["host", "device"]
-        (entry,) = capture._keys.values()
+        (entry,) = capture.keys.values()
         assert entry.state is CaptureState.CAPTURED and entry.replays == 2
 
 
@@ -121,9 +121,9 @@ def test_dynamic_tiny_llama_decode_is_captured_with_per_call_transfers(captures,
     (report,) = backend.reports
     assert report.device == "cuda:0" and report.captured and report.uncaptured_reason is None
     assert report.host_prologue["per_call"] and report.host_prologue["transfers"]
-    ((entry,),) = [c._keys.values() for c in captures]
-    assert entry.replays == 5 and entry.refill and not any(t.static for _, t in entry.refill)
-    assert bool(entry.fed) == (input_copies == "in-graph") and bool(entry.batches) != bool(entry.fed)
+    ((entry,),) = [c.keys.values() for c in captures]
+    assert entry.replays == 5 and entry.recorded.refill and not any(t.static for _, t in entry.recorded.refill)
+    assert bool(entry.recorded.fed) == (input_copies == "in-graph") and bool(entry.recorded.batches) != bool(entry.recorded.fed)
 
 
 def test_host_work_runs_once_per_call_and_static_work_once_per_key(captures, monkeypatch):
@@ -149,14 +149,14 @@ def test_host_work_runs_once_per_call_and_static_work_once_per_key(captures, mon
         assert torch.equal(index, want_index)
     (report,) = backend.reports
     assert report.captured and report.host_prologue["per_call"] and report.host_prologue["transfers"]
-    (entry,) = captures[0]._keys.values()
+    (entry,) = captures[0].keys.values()
     assert entry.state is CaptureState.CAPTURED and entry.replays == 3
     # the warm-up call runs everything once and is recorded from (its host values reused: random or mutating
     # per-call work must run once a call); each replay runs the per-call work only
     assert calls == {"static": 1, "per_call": 4}
-    assert [t.static for _, t in entry.refill] == [False]  # only the per-call transfer is refilled
-    assert entry.copy_indices == (0,)  # the device input gets a static buffer, the host input does not
-    split = captures[0]._split
+    assert [t.static for _, t in entry.recorded.refill] == [False]  # only the per-call transfer is refilled
+    assert entry.recorded.copy_indices == (0,)  # the device input gets a static buffer, the host input does not
+    split = captures[0]._recorder._split
     assert sorted((t.static, t.pin) for t in split.transfers) == [(False, True), (True, True)]
     assert [where for where, _ in split.program.recipe] == ["device", "host"]
 
