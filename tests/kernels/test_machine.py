@@ -69,11 +69,13 @@ def test_a_hung_compiler_wrapper_costs_its_time_limit_and_loads_never_ask(tmp_pa
     hung.chmod(0o755)
     from torch._inductor import config as inductor_config
 
-    monkeypatch.setattr(inductor_config.cpp, "cxx", (None, str(hung)))
+    before = inductor_config.cpp.cxx
     monkeypatch.setattr(machine, "VERSION_TIMEOUT", 0.5)
     machine.compiler.cache_clear()
-    try:
-        assert "compiler" not in machine.describe(torch.device("cpu"))
-        assert machine.compiler() == {"command": str(hung), "path": str(hung), "version": ""}
+    try:  # torch's own patch: pytest's monkeypatch may leave the setting hidden ("cpp.cxx does not exist")
+        with inductor_config.patch({"cpp.cxx": (None, str(hung))}):
+            assert "compiler" not in machine.describe(torch.device("cpu"))
+            assert machine.compiler() == {"command": str(hung), "path": str(hung), "version": ""}
     finally:
         machine.compiler.cache_clear()
+    assert inductor_config.cpp.cxx == before  # what every later Inductor CPU compile in this worker reads
