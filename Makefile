@@ -30,9 +30,12 @@ demo: $(STAMP)
 	$(VENV)/bin/airgraph demo
 
 # Two workers: the suite is mostly single-threaded Inductor compiles and spawned processes (2 cores: 12m47s
-# serial, cold caches).
+# serial, cold caches). In an order shuffled by SHUFFLE (tests/plugins/shuffle.py), by default a number drawn from
+# the commit, so that a test leaking state into later ones fails somewhere; the run prints its seed.
+# `make test SHUFFLE=1234` reruns that order, `make test SHUFFLE=` runs the files in order.
+SHUFFLE ?= $(shell h=$$(git rev-parse --short=7 HEAD 2>/dev/null) && echo $$((0x$$h)))
 test: $(STAMP)
-	$(PY) -m pytest -q -n 2
+	$(PY) -m pytest -q -n 2 $(if $(SHUFFLE),--shuffle=$(SHUFFLE))
 
 test-fast: $(FAST_STAMP)
 	$(FAST_PY) -m pytest -q -n 2 -m "not slow"

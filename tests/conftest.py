@@ -12,6 +12,8 @@ import airgraph.runtime.capture as capture_module
 from airgraph.log import forget_warnings
 from tests.helpers import cuda_unusable
 
+pytest_plugins = ["tests.plugins.shuffle"]  # --shuffle=SEED (make test runs a shuffled order)
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if torch.cuda.is_available():
