@@ -107,14 +107,14 @@ flags\t\t: fpu sse2 avx2
 
 @pytest.fixture
 def fixed_machine(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory):
-    """One fixed machine (an H100 beside a Xeon, torch 2.11.0+cu128, 8 threads) for kernels/machine.py, the one
+    """One fixed machine (an H100 beside a Xeon, torch 2.11.0+cu128, 8 threads) for airgraph/machine.py, the one
     reader of the machine's facts, so that tests can pin the keys computed from them; the real facts are read
     again after the test."""
     import platform
     import sys
 
     import airgraph
-    from airgraph.kernels import machine
+    from airgraph import machine
     from airgraph.tuning import env
 
     cpuinfo = tmp_path_factory.mktemp("machine") / "cpuinfo"

@@ -1,11 +1,13 @@
-"""Where a benchmark result was measured (device, versions, commit, time) and writing it as JSON."""
+"""Where a benchmark result was measured (device, versions, commit, time) and writing it as JSON.
+
+The device and the versions are a view of airgraph/machine.py's fingerprint, in the fields results have always had.
+"""
 
 from __future__ import annotations
 
 import datetime
 import json
 import os
-import platform
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -13,6 +15,7 @@ from typing import Any
 import torch
 
 import airgraph
+from airgraph.machine import fingerprint
 from airgraph.store import write_text_atomic
 
 __all__ = ["environment", "write_json"]
@@ -20,16 +23,17 @@ __all__ = ["environment", "write_json"]
 
 def environment(device: torch.device) -> dict[str, Any]:
     """Where a result was measured: device name, versions, commit, time."""
-    if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
+    facts = fingerprint(device)
+    if facts.gpu is not None:
+        name = facts.gpu["name"]
     else:
-        name = f"{platform.processor() or platform.machine() or 'cpu'} ({os.cpu_count()} cores)"
+        name = f"{facts.processor or facts.cpu['machine'] or 'cpu'} ({facts.cores} cores)"
     return {
         "device": name,
-        "torch": torch.__version__,
-        "airgraph": airgraph.__version__,
+        "torch": facts.torch,
+        "airgraph": facts.airgraph,
         "commit": _git_commit(),
-        "python": platform.python_version(),
+        "python": facts.python_version,
         "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
 

@@ -11,116 +11,37 @@ nothing:
 - CUDA: the same compute capability (the cubins' architecture); the device name is recorded, and the CUDA
   version comes with the torch version (``2.11.0+cu128``).
 
-The C++ compiler Inductor built with (:func:`compiler`) is recorded beside them but not compared: a package it
-compiles may still crash the loader (seen on an H200 machine whose ``CXX`` was a wrapper script around g++ 13.3
-with its own ``-B`` and ``-isystem`` folders: packages it linked killed ``AOTIModelPackageLoader``; the same
-packages built with the system g++ 13.3 loaded and ran), which only loading it tells: kernels/probe.py keys its
+The C++ compiler Inductor built with (airgraph/machine.py ``compiler``) is recorded beside them but not compared:
+a package it compiles may still crash the loader (seen on an H200 machine whose ``CXX`` was a wrapper script around
+g++ 13.3 with its own ``-B`` and ``-isystem`` folders: packages it linked killed ``AOTIModelPackageLoader``; the
+same packages built with the system g++ 13.3 loaded and ran), which only loading it tells: kernels/probe.py keys its
 verdict by it.
 
-:func:`cpu` and :func:`gpu` are airgraph's one reader of the machine's facts: the tuning bank's environment
-(tuning/env.py) and the load probe's (kernels/probe.py) take theirs from here.
+The facts come from airgraph/machine.py, airgraph's one fingerprint; this module keeps the kernels' view of them.
 """
 
 from __future__ import annotations
 
-import functools
-import os
-import platform
-import shutil
-import subprocess
-from pathlib import Path
 from typing import Any
 
 import torch
 
-import airgraph
+from airgraph import machine
 
-__all__ = ["CPUINFO", "build_record", "compiler", "cpu", "describe", "gpu", "mismatch"]
-
-CPUINFO = Path("/proc/cpuinfo")  # Linux: the model name and the instruction-set flags of each core
-VERSION_TIMEOUT = 10.0  # seconds ``<compiler> --version`` may take
-
-
-@functools.cache
-def _cpu() -> dict[str, Any]:
-    model, flags = "", []
-    try:
-        text = CPUINFO.read_text(errors="replace")
-    except OSError:  # not Linux: what ``platform`` says
-        text = ""
-    for line in text.splitlines():  # the model name and the instruction-set flags of the first core
-        name, _, value = line.partition(":")
-        name = name.strip()
-        if name == "model name" and not model:
-            model = value.strip()
-        elif name in ("flags", "Features") and not flags:
-            flags = sorted(value.split())
-    return {
-        "type": "cpu",
-        "machine": platform.machine(),
-        "model": model or platform.processor() or platform.machine(),
-        "isa": torch.backends.cpu.get_cpu_capability(),
-        "flags": flags,
-    }
-
-
-def cpu() -> dict[str, Any]:
-    """This CPU: its architecture (``platform.machine()``), model name, the vector ISA PyTorch's kernels use
-    (``torch.backends.cpu.get_cpu_capability()``: AVX2, AVX512, ...) and its instruction-set flags (sorted); read
-    once per process (a copy each call)."""
-    facts = _cpu()
-    return {**facts, "flags": list(facts["flags"])}
-
-
-@functools.cache
-def _gpu(index: int) -> dict[str, Any]:
-    major, minor = torch.cuda.get_device_capability(index)
-    return {
-        "type": "cuda",
-        "name": torch.cuda.get_device_name(index),
-        "capability": f"{major}.{minor}",
-        "cuda": torch.version.cuda,
-    }
-
-
-def gpu(device: torch.device) -> dict[str, Any]:
-    """The CUDA device ``device`` (its index, else the current one): its name, compute capability and the CUDA
-    version torch was built with; read once per process and device (a copy each call)."""
-    return dict(_gpu(device.index if device.index is not None else torch.cuda.current_device()))
-
-
-@functools.cache
-def compiler() -> dict[str, Any] | None:
-    """The C++ compiler Inductor compiles packages with here (its ``cpp.cxx``: ``CXX``, else ``g++``): the command,
-    the file it resolves to and its ``--version`` line; None where none is found. Read once per process and only
-    where a package is written (:func:`build_record`), with a time limit of its own: torch's own compiler search
-    runs ``--version`` without one (a hung compiler wrapper would hang the caller) and may try to install one."""
-    from torch._inductor import config as inductor_config
-
-    cxx = inductor_config.cpp.cxx
-    candidates = [c for c in (cxx if isinstance(cxx, (list, tuple)) else (cxx,)) if c]
-    found = next(((c, p) for c in candidates if (p := shutil.which(c))), None)
-    if found is None:
-        return None
-    command, path = found
-    try:
-        done = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=VERSION_TIMEOUT)
-        version = (done.stdout.strip().splitlines() or [""])[0]
-    except (OSError, subprocess.SubprocessError):
-        version = ""
-    return {"command": command, "path": os.path.realpath(path), "version": version}
+__all__ = ["build_record", "describe", "mismatch"]
 
 
 def describe(device: torch.device) -> dict[str, Any]:
     """What kernels compiled here for ``device`` need of a machine: versions and the device's description."""
-    target = gpu(device) if device.type == "cuda" else cpu()
-    return {"torch": torch.__version__, "airgraph": airgraph.__version__, "device": target}
+    facts = machine.fingerprint(device)
+    target = facts.gpu if device.type == "cuda" else facts.cpu
+    return {"torch": facts.torch, "airgraph": facts.airgraph, "device": target}
 
 
 def build_record(device: torch.device) -> dict[str, Any]:
     """The build record a package carries: :func:`describe`, and the C++ compiler that built it (recorded, not
     compared: kernels/probe.py keys its verdict by it)."""
-    return {**describe(device), "compiler": compiler()}
+    return {**describe(device), "compiler": machine.compiler()}
 
 
 def mismatch(built: dict[str, Any], here: dict[str, Any]) -> str | None:

@@ -3,7 +3,7 @@
 Loading a package runs native code, and where that code and the environment disagree the loader can die with a
 segmentation fault, which cannot be caught. So no user process is the first to load a package in an environment:
 
-- **the environment** (:func:`environment`): torch build, Python, the machine as kernels/machine.py describes it,
+- **the environment** (:func:`environment`): torch build, Python, the machine as airgraph/machine.py reads it,
   the package format with the device type, and the C++ compiler that built the package; its digest keys the verdict;
 - **the probe** (:meth:`LoadProbes.check`): before the first in-process load in an environment, a child process
   (``python -m airgraph.kernels.probe``, with a timeout) loads the very file about to be loaded through the same
@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from airgraph.kernels.machine import cpu, gpu
+from airgraph.machine import fingerprint
 from airgraph.store import StoreError, locked, read_json, write_json_atomic
 
 __all__ = ["FILE", "FORMAT", "TIMEOUT", "LoadProbes", "Verdict", "environment", "open_package"]
@@ -70,18 +70,20 @@ def open_package(path: Path, device: torch.device) -> Any:
 
 
 def environment(device: torch.device) -> dict[str, Any]:
-    """What decides whether loading a package can crash here (module docstring); its digest keys the verdict."""
+    """What decides whether loading a package can crash here (module docstring); its digest keys the verdict. A
+    view of airgraph/machine.py's fingerprint, in the fields and order earlier versions digested."""
+    facts = fingerprint(device)
     env: dict[str, Any] = {
         "format": PACKAGE_FORMAT,
         "device_type": device.type,
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "git": getattr(torch.version, "git_version", None),
-        "python": sys.version,
-        "cpu": cpu(),
+        "torch": facts.torch,
+        "cuda": facts.cuda,
+        "git": facts.git,
+        "python": facts.python,
+        "cpu": facts.cpu,
     }
     if device.type == "cuda":
-        env["gpu"] = gpu(device)
+        env["gpu"] = facts.gpu
     return env
 
 

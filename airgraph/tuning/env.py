@@ -9,8 +9,8 @@ the digest of :func:`environment`, and never uses records of another:
 - CUDA: the GPU name, its compute capability and the CUDA version;
 - the torch and airgraph versions.
 
-The facts come from kernels/machine.py (``cpu``, ``gpu``: airgraph's one reader of them), read once per process;
-:func:`current` computes an environment and its digest once per device and thread count, not once per segment looked up.
+The facts are a view of airgraph/machine.py's fingerprint (the machine read once per process); :func:`current`
+computes an environment and its digest once per device and thread count, not once per segment looked up.
 
 The candidate sets (tuning/candidates.py) carry their own version, inside each entry's key.
 """
@@ -24,24 +24,22 @@ from typing import Any
 
 import torch
 
-import airgraph
-from airgraph.kernels.machine import cpu, gpu
+from airgraph.machine import fingerprint
 
 __all__ = ["current", "env_digest", "environment"]
 
 
 def environment(device: torch.device) -> dict[str, Any]:
     """The fingerprint of ``device`` and of the software measuring on it (see the module docstring)."""
+    facts = fingerprint(device)
     env: dict[str, Any] = {"device_type": device.type}
-    if device.type == "cuda" and not torch.cuda.is_available():  # planning on fake CUDA tensors: no bank matches
+    if device.type == "cuda" and facts.gpu is None:  # planning on fake CUDA tensors: no bank matches
         env.update(device="unavailable")
     elif device.type == "cuda":
-        facts = gpu(device)
-        env.update(device=facts["name"], capability=facts["capability"], cuda=facts["cuda"])
+        env.update(device=facts.gpu["name"], capability=facts.gpu["capability"], cuda=facts.gpu["cuda"])
     else:
-        facts = cpu()
-        env.update(device=facts["model"] or "cpu", isa=facts["isa"], threads=torch.get_num_threads())
-    env.update(torch=torch.__version__, airgraph=airgraph.__version__)
+        env.update(device=facts.cpu["model"] or "cpu", isa=facts.cpu["isa"], threads=facts.threads)
+    env.update(torch=facts.torch, airgraph=facts.airgraph)
     return env
 
 

@@ -21,8 +21,8 @@ import torch
 from airgraph.backend import AirgraphBackend
 from airgraph.kernels import probe
 from airgraph.kernels import static as static_module
-from airgraph.kernels.machine import compiler
 from airgraph.kernels.static import StaticKernels
+from airgraph.machine import compiler
 from tests.kernels.conftest import BATCHES, ROOT, run_step, static_config
 from tests.kernels.test_static_kernels import library_copy
 
