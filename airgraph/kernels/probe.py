@@ -31,13 +31,13 @@ import subprocess
 import sys
 import tempfile
 import time
-import warnings
 import zipfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from airgraph.log import warn_once
 from airgraph.machine import fingerprint
 from airgraph.store import StoreError, locked, read_json, write_json_atomic
 
@@ -50,7 +50,6 @@ PACKAGE_FORMAT = "aoti-pt2"
 TIMEOUT = 180.0  # seconds a probe may take (import torch, load, one run) before it counts as a crash (a hang)
 
 _VERDICTS: dict[tuple[str, str], Verdict] = {}  # (verdict file, environment digest) -> verdict, per process
-_WARNED: set[tuple[str, str]] = set()
 
 
 def open_package(path: Path, device: torch.device) -> Any:
@@ -148,8 +147,7 @@ class LoadProbes:
                             self._write(digest, verdict)
         if verdict.status != "failed":
             _VERDICTS[(str(self.path), digest)] = verdict
-        if verdict.status == "crashed" and (str(self.path), digest) not in _WARNED:
-            _WARNED.add((str(self.path), digest))
+        if verdict.status == "crashed":
             compiled = ""
             if built_with:
                 compiled = (
@@ -157,7 +155,8 @@ class LoadProbes:
                     f"({built_with.get('path')}, {built_with.get('version')}): packages built with another compiler "
                     "may load (set CXX, then rebuild the library)"
                 )
-            warnings.warn(
+            warn_once(
+                ("load probe", str(self.path), digest),
                 f"airgraph: loading an AOTInductor package crashed a child process ({verdict.cause}) with torch "
                 f"{torch.__version__} on this machine (Python {sys.version.split()[0]}, {device.type}){compiled}; "
                 f"static kernels are not used here; the segment runs its dynamic kernels; delete {self.path} to "

@@ -28,12 +28,12 @@ from __future__ import annotations
 
 import json
 import os
-import warnings
 from collections.abc import Collection
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from airgraph.log import warn_once
 from airgraph.store import StoreError, append_line, check_header, locked, write_text_atomic
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "Bank", "BankFile", "Entry", "bank_file_name", "is_stale"]
@@ -41,7 +41,6 @@ __all__ = ["FORMAT", "FORMAT_VERSION", "Bank", "BankFile", "Entry", "bank_file_n
 FORMAT = "airgraph-tuning-bank"
 FORMAT_VERSION = 1
 TUNED, UNSATISFIED = "tuned", "unsatisfied"
-_warned: set[tuple[str, int]] = set()  # (file, line) of corrupt records already warned about in this process
 
 
 @dataclass
@@ -178,17 +177,13 @@ class BankFile:
             self.problem = f"{self.path}: its header names another environment than this file's name says"
 
     def _warn(self, lineno: int, reason: str) -> None:
-        if (str(self.path), lineno) not in _warned:
-            _warned.add((str(self.path), lineno))
-            warnings.warn(
-                f"airgraph: {self.path}:{lineno}: corrupt tuning bank record skipped ({reason[:120]})", stacklevel=4
-            )
+        message = f"airgraph: {self.path}:{lineno}: corrupt tuning bank record skipped ({reason[:120]})"
+        warn_once(("tuning bank", str(self.path), lineno), message, stacklevel=4)
 
     def usable(self) -> bool:
         self.entries()
-        if self.problem is not None and (str(self.path), 0) not in _warned:
-            _warned.add((str(self.path), 0))
-            warnings.warn(f"airgraph: {self.problem}", stacklevel=3)
+        if self.problem is not None:
+            warn_once(("tuning bank", str(self.path), 0), f"airgraph: {self.problem}", stacklevel=3)
         return self.problem is None
 
     def lookup(self, key: str) -> Entry | None:

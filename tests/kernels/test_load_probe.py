@@ -22,6 +22,7 @@ from airgraph.backend import AirgraphBackend
 from airgraph.kernels import probe
 from airgraph.kernels import static as static_module
 from airgraph.kernels.static import StaticKernels
+from airgraph.log import forget_warnings
 from airgraph.machine import compiler
 from tests.kernels.conftest import BATCHES, ROOT, run_step, static_config
 from tests.kernels.test_static_kernels import library_copy
@@ -33,9 +34,9 @@ CRASH_WARNING = r"loading an AOTInductor package crashed a child process \(SIGSE
 
 @pytest.fixture
 def launches(monkeypatch) -> list:
-    """A fresh process as far as the probe knows (no verdict cached, nothing warned); every child it starts."""
+    """A fresh process as far as the probe knows (no verdict cached; nothing warned: tests/conftest.py); every child
+    it starts."""
     monkeypatch.setattr(probe, "_VERDICTS", {})
-    monkeypatch.setattr(probe, "_WARNED", set())
     started: list = []
     launch = probe._launch
 
@@ -59,9 +60,9 @@ def verdicts(library: Path) -> list[dict]:
 
 
 def forget(monkeypatch) -> None:
-    """As if a new process started: the probe's per-process caches emptied."""
+    """As if a new process started: the probe's verdicts and airgraph's warn-once keys forgotten."""
     monkeypatch.setattr(probe, "_VERDICTS", {})
-    monkeypatch.setattr(probe, "_WARNED", set())
+    forget_warnings()
 
 
 @pytest.mark.slow
@@ -164,6 +165,11 @@ def test_a_child_that_hangs_counts_as_crashed(tmp_path, monkeypatch, launches):
     assert len(caught) == 1 and len(launches) == 1
     (record,) = verdicts(tmp_path)
     assert (record["verdict"], record["returncode"]) == ("crashed", None)
+    forget(monkeypatch)  # a later process reads the verdict and warns once too
+    with pytest.warns(UserWarning, match=r"crashed a child process \(timed out after 1 s\)") as again:
+        assert probe.LoadProbes(tmp_path).check(tmp_path / "kernel.pt2", [], CPU).status == "crashed"
+        assert probe.LoadProbes(tmp_path).check(tmp_path / "kernel.pt2", [], CPU).status == "crashed"
+    assert len(again) == 1 and len(launches) == 1
 
 
 def test_a_crash_is_kept_per_build_compiler_and_its_warning_names_the_compiler(tmp_path, monkeypatch, launches):
