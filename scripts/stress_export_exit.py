@@ -14,6 +14,19 @@ Load: ``--burners K`` processes spinning on the CPU beside the runs.
 
     python scripts/stress_export_exit.py --runs 50 --burners 1 --output benchmarks/results/export_exit_cpu.json
 
+``--python PY`` runs the script with another interpreter (a plain venv's); ``--disturb`` varies a condition
+during the runs, on the torch that interpreter imports (use a throwaway venv for the last two):
+
+- ``evict``: before each run, drop torch's files from the page cache (``posix_fadvise(DONTNEED)``), so every
+  process of the run reads torch cold;
+- ``replace``: all along, put a new copy of ``torch/lib/libtorch_cpu.so`` in place every half second
+  (``rename`` over it, another inode each time, as an installer does);
+- ``reinstall``: all along, ``pip install --force-reinstall --no-deps`` of that venv's torch wheel.
+
+Besides each run's exit, a watcher samples ``/proc/<pid>/cwd`` of the run's processes every 20 ms and records
+any whose working folder is gone (`` (deleted)``): the one condition under which torch's import prints the
+MKL message (below).
+
 Prints one line per run, then the counts by kind; ``--output`` writes them as JSON (after every run, with
 ``complete`` false until the last) with the machine, the versions and the commit. ``--keep-failed DIR`` keeps
 the stderr of each run that was not clean.
@@ -110,6 +123,9 @@ SIGNATURES = [
 ]
 
 
+RUNNING: list[int] = []  # the session of the run in progress, killed with the harness
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("localhost", 0))
@@ -166,6 +182,95 @@ def remove_at_rank_start(folder: Path, proc: subprocess.Popen, delay: float) -> 
         time.sleep(0.05)
 
 
+def watch_cwds(proc: subprocess.Popen, gone: list[dict[str, Any]], start: float) -> None:
+    """Until the run's script exits, record each process of its session whose working folder was removed
+    (``/proc/<pid>/cwd`` reads ``<path> (deleted)``)."""
+    seen: set[int] = set()
+    while proc.poll() is None:
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit() or int(entry.name) in seen:
+                continue
+            try:
+                if os.getsid(int(entry.name)) != proc.pid:
+                    continue
+                cwd = os.readlink(entry / "cwd")
+            except OSError:
+                continue
+            if cwd.endswith(" (deleted)"):
+                seen.add(int(entry.name))
+                gone.append({"pid": int(entry.name), "cwd": cwd, "at_s": round(time.perf_counter() - start, 2)})
+        time.sleep(0.02)
+
+
+def torch_dir(python: str) -> Path:
+    """The torch package folder ``python`` imports (found without importing it)."""
+    code = "import importlib.util, os; print(os.path.dirname(importlib.util.find_spec('torch').origin))"
+    return Path(subprocess.run([python, "-c", code], capture_output=True, text=True, check=True).stdout.strip())
+
+
+def evict(folder: Path) -> int:
+    """Drop the files under ``folder`` from the page cache; the bytes advised."""
+    total = 0
+    for path in folder.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            with contextlib.suppress(OSError):
+                fd = os.open(path, os.O_RDONLY)
+                try:
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                    total += os.fstat(fd).st_size
+                finally:
+                    os.close(fd)
+    return total
+
+
+class Disturber:
+    """``--disturb replace|reinstall``: a thread that changes the runs' torch on disk until stopped."""
+
+    def __init__(self, kind: str, python: str, wheel: str | None) -> None:
+        self.kind, self.python, self.wheel = kind, python, wheel
+        self.lib = torch_dir(python) / "lib" / "libtorch_cpu.so"
+        self.count = 0
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def start(self) -> Disturber:
+        if self.kind == "replace":  # two copies of the library, put in place in turn (no copying in the loop)
+            for name in ("a", "b"):
+                shutil.copy2(self.lib, self.lib.with_name(f".stress-{name}.so"))
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                if self.kind == "replace":
+                    source = self.lib.with_name(f".stress-{'ab'[self.count % 2]}.so")
+                    staged = self.lib.with_name(".stress-staged.so")
+                    os.link(source, staged)
+                    os.replace(staged, self.lib)
+                    self._stop.wait(0.5)
+                else:
+                    command = [self.python, "-m", "pip", "install", "-q", "--force-reinstall", "--no-deps", self.wheel]
+                    done = subprocess.run(command, capture_output=True, text=True)
+                    if done.returncode != 0:
+                        self.errors.append(done.stderr[-500:])
+                self.count += 1
+            except OSError as exc:
+                self.errors.append(str(exc))
+                self._stop.wait(1.0)
+
+    def stop(self) -> dict[str, Any]:
+        self._stop.set()
+        self._thread.join()
+        if self.kind == "replace":
+            with contextlib.suppress(OSError):
+                os.replace(self.lib.with_name(".stress-a.so"), self.lib)
+            with contextlib.suppress(OSError):
+                os.remove(self.lib.with_name(".stress-b.so"))
+        return {"kind": self.kind, "target": str(self.lib), "times": self.count, "errors": self.errors[:5]}
+
+
 def kill_group(pgid: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
@@ -204,8 +309,12 @@ def one_run(index: int, base: Path, args: argparse.Namespace) -> dict[str, Any]:
     timed_out = False
     with open(out, "wb") as fo, open(err, "wb") as fe:
         proc = subprocess.Popen(
-            [sys.executable, "example.py"], cwd=folder, env=env, stdout=fo, stderr=fe, start_new_session=True
+            [args.python, "example.py"], cwd=folder, env=env, stdout=fo, stderr=fe, start_new_session=True
         )
+        RUNNING[:] = [proc.pid]
+        gone: list[dict[str, Any]] = []
+        watcher = threading.Thread(target=watch_cwds, args=(proc, gone, start), daemon=True)
+        watcher.start()
         if args.remove_at_rank_start is not None:
             threading.Thread(target=remove_at_rank_start, args=(folder, proc, args.remove_at_rank_start)).start()
         try:
@@ -217,6 +326,7 @@ def one_run(index: int, base: Path, args: argparse.Namespace) -> dict[str, Any]:
             else:
                 proc.kill()
             rc = proc.wait()
+    watcher.join()
     wall = time.perf_counter() - start
     size = err.stat().st_size
     if args.on_timeout == "group":
@@ -234,7 +344,7 @@ def one_run(index: int, base: Path, args: argparse.Namespace) -> dict[str, Any]:
     kind = classify(rc, stderr, missing, stragglers, late_output)
     if timed_out:
         kind = f"timeout ({kind})"
-    record = {"run": index, "kind": kind, "rc": rc, "wall_s": round(wall, 2)}
+    record = {"run": index, "kind": kind, "rc": rc, "wall_s": round(wall, 2), "cwd_gone": gone}
     if kind != "clean":
         record.update(stderr_tail=stderr[-3000:], missing=missing, stragglers=stragglers, late_output=late_output)
         if args.keep_failed:
@@ -245,7 +355,7 @@ def one_run(index: int, base: Path, args: argparse.Namespace) -> dict[str, Any]:
     return record
 
 
-def environment() -> dict[str, Any]:
+def environment(python: str) -> dict[str, Any]:
     info: dict[str, Any] = {
         "machine": platform.machine(),
         "processor": platform.processor() or None,
@@ -259,8 +369,12 @@ def environment() -> dict[str, Any]:
             info["cpu_model"] = next(models, None)
     except OSError:
         pass
-    code = "import torch; print(torch.__version__)"
-    info["torch"] = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip()
+    code = "import sys, torch; print(torch.__version__, torch.__file__, sys.prefix, sys.base_prefix)"
+    out = subprocess.run([python, "-c", code], capture_output=True, text=True).stdout.split()
+    info["runs_python"] = python
+    if len(out) == 4:
+        info["torch"], info["torch_file"], info["prefix"], info["base_prefix"] = out
+    info["mkl_env"] = {k: v for k, v in os.environ.items() if k.startswith(("MKL_", "LD_", "OMP_", "KMP_"))}
     git = ["git", "-C", str(REPO)]
     info["commit"] = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     dirty = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
@@ -284,6 +398,10 @@ def main(argv: list[str] | None = None) -> int:
         metavar="SECONDS",
         help="fault injection: remove a run's folder this long after its first rank started",
     )
+    parser.add_argument("--python", default=sys.executable, help="the interpreter that runs the script")
+    parser.add_argument("--disturb", choices=["none", "evict", "replace", "reinstall"], default="none")
+    parser.add_argument("--wheel", default=None, help="the torch wheel --disturb reinstall installs")
+    parser.add_argument("--note", default=None, help="what else was going on (recorded)")
     parser.add_argument("--base", default=None, help="folder for the runs' folders (default: the temp dir)")
     parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="for the runs")
     parser.add_argument("--keep-failed", default=None, metavar="DIR")
@@ -294,11 +412,21 @@ def main(argv: list[str] | None = None) -> int:
     base = Path(tempfile.mkdtemp(prefix="stress-export-exit-", dir=args.base))
     (base / "runs").mkdir()
     (base / "logs").mkdir()
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a killed harness stops its burners too
+
+    def terminated(*_: Any) -> None:  # a killed harness stops its burners and its run in progress too
+        for pgid in RUNNING:
+            kill_group(pgid)
+        sys.exit(143)
+
+    signal.signal(signal.SIGTERM, terminated)
     burners = start_burners(args.burners)
     records: list[dict[str, Any]] = []
     start = time.perf_counter()
-    env_info = environment()
+    env_info = environment(args.python)
+    disturber = (
+        Disturber(args.disturb, args.python, args.wheel).start() if args.disturb in ("replace", "reinstall") else None
+    )
+    disturbed: dict[str, Any] = {"kind": args.disturb}
 
     def result(complete: bool) -> dict[str, Any]:
         counts = Counter(r["kind"] for r in records)
@@ -322,6 +450,8 @@ def main(argv: list[str] | None = None) -> int:
                 "remove_at_rank_start_s": args.remove_at_rank_start,
             },
             "destroy_process_group": args.destroy,
+            "disturb": disturbed,
+            "note": args.note,
             "counts": dict(counts),
             "clean": counts.get("clean", 0),
             "wall_s": {"min": walls[0], "median": walls[len(walls) // 2], "max": walls[-1]} if walls else None,
@@ -337,6 +467,9 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         for index in range(args.runs):
+            if args.disturb == "evict":
+                disturbed["evicted_bytes"] = evict(torch_dir(args.python))
+                disturbed["times"] = index + 1
             load = os.getloadavg()[0]
             record = one_run(index, base, args)
             record["loadavg_1min"] = round(load, 2)
@@ -349,6 +482,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.stop_after_failures and failures >= args.stop_after_failures:
                 break
     finally:
+        if disturber is not None:
+            disturbed.update(disturber.stop())
         stop(burners)
         shutil.rmtree(base, ignore_errors=True)
     save(complete=True)

@@ -12,6 +12,8 @@ thread is left, nor tqdm's monitor thread.
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 import time
@@ -117,26 +119,101 @@ if when == "after import":
 a = torch.randn(64, 64)
 torch.linalg.inv(a @ a.T + 64 * torch.eye(64))  # MKL's first LAPACK call, then the interpreter's exit
 """
-
-
-@pytest.mark.skipif(
+MKL_CANNOT_LOAD = "Intel oneMKL FATAL ERROR: Cannot load"
+MKL_SETTINGS = {"MKL_VERBOSE": "1", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "MKL_CBWR": "COMPATIBLE", "MKL_NUM_THREADS": "1"}
+_linux_mkl = pytest.mark.skipif(
     not (sys.platform.startswith("linux") and torch.backends.mkl.is_available()), reason="torch with MKL on Linux"
 )
-@pytest.mark.parametrize("when", ["never", "after import", "before import"])
+
+
+@_linux_mkl
+@pytest.mark.parametrize("when", ["never", "after import", "before import", "before import, MKL settings"])
 def test_mkl_fatal_error_is_a_torch_import_in_a_removed_folder(tmp_path, when):
-    """Issue #20: "Intel oneMKL FATAL ERROR: Cannot load .../torch/lib/libtorch_cpu.so" (exit 2) is printed by
-    the MKL loader linked into libtorch_cpu.so, in a constructor that runs when torch is imported and calls
-    getcwd(): it fails when the process's working folder was removed. A process whose folder goes after it
-    imported torch makes its first MKL calls and exits cleanly. So a seed run that dies so had a process start
-    (a rank spawned by torch.multiprocessing) in a folder removed under it; scripts/stress_export_exit.py
-    removes a run's folder only once none of the run's processes works in it."""
+    """Issues #20 and #38: "Intel oneMKL FATAL ERROR: Cannot load .../torch/lib/libtorch_cpu.so" (exit 2) is printed
+    by ``_Init_MKL_Loader``, a constructor of the MKL linked into libtorch_cpu.so (torch 2.13.0+cpu, and
+    2.14.1+cu130 the same), when the library is loaded, that is at ``import torch``: it calls ``dladdr`` on itself,
+    then ``getcwd`` into a 4096-byte buffer, and when getcwd fails it prints that line with the library's path and
+    exits 2. It reads no setting first (no MKL_* variable saves it), and in this build it is the only code that
+    prints this line for libtorch_cpu.so (MKL's only other ``dlopen`` is of libmemkind). So a process dies so only
+    when its working folder is gone (or its path is 4096 bytes or longer) at its ``import torch``; a process whose
+    folder goes after the import makes its first MKL calls and exits cleanly. A seed run that dies so had a process
+    start in a folder removed under it: a rank spawned by torch.multiprocessing imports torch after its ``chdir``
+    into the parent's working folder, so that folder removed then kills the rank. scripts/stress_export_exit.py
+    records every process of a run whose working folder goes."""
     folder = tmp_path / "run"
     folder.mkdir()
+    env = {**os.environ, **(MKL_SETTINGS if "MKL settings" in when else {})}
     done = subprocess.run(
-        [sys.executable, "-c", _TORCH_IN, when], cwd=folder, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", _TORCH_IN, when.split(",")[0]],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
     )
-    if when == "before import":
+    if when.startswith("before import"):
         assert done.returncode == 2, done.stderr
-        assert "Intel oneMKL FATAL ERROR: Cannot load" in done.stderr and "libtorch_cpu.so" in done.stderr
+        assert MKL_CANNOT_LOAD in done.stderr and "libtorch_cpu.so" in done.stderr
     else:
         assert (done.returncode, done.stderr) == (0, "")
+
+
+_LONG_CWD = """
+import os, subprocess, sys
+for _ in range(18):  # 18 * 256 bytes: a path longer than MKL's 4096-byte buffer, entered step by step
+    os.mkdir("d" * 255)
+    os.chdir("d" * 255)
+sys.exit(subprocess.run([sys.executable, "-c", "import torch"]).returncode)
+"""
+
+
+@_linux_mkl
+def test_mkl_fatal_error_on_a_working_folder_path_of_4096_bytes_or_more(tmp_path):
+    """The other way getcwd fails: a working folder that exists, with a path longer than MKL's buffer."""
+    done = subprocess.run([sys.executable, "-c", _LONG_CWD], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr
+    assert MKL_CANNOT_LOAD in done.stderr and "libtorch_cpu.so" in done.stderr
+
+
+_FIRST_USE = """
+import os, shutil, sys
+shadow = sys.argv[1]
+sys.path.insert(0, shadow)
+import torch
+assert torch.__file__.startswith(shadow), torch.__file__
+lib = os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so")
+open(lib + ".new", "wb").close()
+os.replace(lib + ".new", lib)  # another file in the library's place, as an installer puts it
+shutil.rmtree(shadow)  # then the whole package gone
+a = torch.randn(96, 96, dtype=torch.float64)
+torch.linalg.inv(a @ a.T + 96 * torch.eye(96, dtype=torch.float64))  # MKL's first BLAS and LAPACK calls
+torch.linalg.eigh(a + a.T)
+torch.fft.rfft(torch.randn(4096))  # its first DFT
+print("ok")
+"""
+
+
+@_linux_mkl
+def test_mkl_first_use_does_not_load_libtorch_cpu_again(tmp_path):
+    """What a concurrent reinstall of torch would break if MKL loaded its kernels from libtorch_cpu.so by path
+    on first use: it does not. torch imported from a copy of its package (hard links: nothing copied, nothing
+    of the real one written), the copy's libtorch_cpu.so replaced by an empty file and the copy removed, and
+    MKL's first BLAS, LAPACK and DFT calls run cleanly."""
+    source = Path(torch.__file__).parent
+    shadow = tmp_path / "shadow"
+    try:
+        shutil.copytree(source, shadow / "torch", copy_function=os.link)
+    except OSError as exc:  # another file system than the temporary folder's
+        pytest.skip(f"cannot hard-link torch's package into {tmp_path}: {exc}")
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", _FIRST_USE, str(shadow)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert (done.returncode, done.stdout.strip()) == (0, "ok"), done.stderr
+    assert "oneMKL" not in done.stderr
+    assert (source / "lib" / "libtorch_cpu.so").stat().st_size > 0  # the real one untouched
