@@ -160,8 +160,13 @@ def op_graph(unit: OpUnit) -> torch.fx.GraphModule:
     first of its outputs)."""
     graph = torch.fx.Graph()
     env: dict[torch.fx.Node, torch.fx.Node] = {}
-    for node in unit.inputs:
-        env[node] = graph.placeholder(node.name)
+    names: set[str] = set()
+    for node in unit.inputs:  # inputs from two graphs may share a name: an argument name must be unique
+        name = node.name
+        while name in names:
+            name += "_"
+        names.add(name)
+        env[node] = graph.placeholder(name)
         env[node].meta = dict(node.meta)
     for node in unit.nodes:
         env[node] = graph.node_copy(node, lambda n: env[n])
