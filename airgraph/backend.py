@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 import functools
 import importlib
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,6 +40,7 @@ from airgraph.lowering.capture_plan import CapturePlan, plan_capture
 from airgraph.lowering.host_split import split_host_work
 from airgraph.lowering.layouts import Layouts
 from airgraph.lowering.lower import lower_segments
+from airgraph.lowering.padding import PadPlan, PadRefusal, plan_padding
 from airgraph.lowering.partition import partition
 from airgraph.lowering.select import GraphRequest, ImplSource, choose
 from airgraph.passes import CompileContext, run_pipeline
@@ -49,6 +51,7 @@ from airgraph.runtime.device import DeviceRuntime, runtime_for
 from airgraph.runtime.executor import build_executor
 from airgraph.runtime.fastpath import Direct, FastPath
 from airgraph.runtime.host import HostSplit
+from airgraph.runtime.padding import PaddedRun
 from airgraph.tuning.source import BankSource
 from airgraph.tuning.tuner import Tuner
 
@@ -105,7 +108,8 @@ class AirgraphBackend:
             if warm is not None:
                 self.reports.append(warm_report(warm.num_nodes, warm.source, self.config.mode, dynamo_graph))
                 return Direct(warm, "inference") if self.direct else warm
-        compile_as = functools.partial(self.compile_graph, dynamo_graph=dynamo_graph)
+        names = tuple(_argument_name(p) for p in gm.graph.find_nodes(op="placeholder"))
+        compile_as = functools.partial(self.compile_graph, dynamo_graph=dynamo_graph, arg_names=names)
         if self.config.kernel_backend == "inductor":
             from torch._inductor import config as inductor_config
             from torch._inductor.decomposition import select_decomp_table
@@ -137,10 +141,17 @@ class AirgraphBackend:
 
     # -- one ATen graph ----------------------------------------------------------------------------------
     def compile_graph(
-        self, gm: torch.fx.GraphModule, example_inputs: list[Any], *, kind: str, dynamo_graph: int = 0
+        self,
+        gm: torch.fx.GraphModule,
+        example_inputs: list[Any],
+        *,
+        kind: str,
+        dynamo_graph: int = 0,
+        arg_names: tuple[str | None, ...] = (),
     ) -> Callable[[list], Any]:
         """One ATen graph: passes -> capture plan -> host split -> partition -> choose and lower -> executor ->
-        capture (module docstring); its report is appended to ``self.reports``."""
+        capture (module docstring); its report is appended to ``self.reports``. ``arg_names``: the forward's
+        argument name behind each input, where Dynamo knows it (capture sizes' pad values)."""
         start = time.perf_counter()
         device = graph_device(gm, example_inputs)
         job = _Job(
@@ -149,6 +160,7 @@ class AirgraphBackend:
             runtime=runtime_for(device, self.runtime),
             report=graph_report(self.config.mode, kind, device, dynamo_graph, planned=self.plan_only),
             request=GraphRequest(kind, device, self.config, static_kernels=self.static_kernels, tuning=self.tuning),
+            arg_names=arg_names if kind == "inference" else (),
         )
         if kind == "inference" and self.config.kernel_backend == "inductor":
             gm = inductor_passes.inference_passes(gm, example_inputs)  # a training graph's ran before its partition
@@ -235,14 +247,19 @@ class AirgraphBackend:
         input_views: dict[int, int],
         split: HostSplit | None,
         observer: ShapeKeyObserver | None,
-    ) -> GraphCapture:
+    ) -> Callable[[list], Any]:
+        """GraphCapture records and replays ``run``, one graph per shape key; with capture sizes, behind a
+        PaddedRun that runs each batch at the next size (padding=None: unpadded, runtime/padding.py)."""
         placeholders = gm.graph.find_nodes(op="placeholder")
         mutated = mutated_nodes(gm.graph)
-        return GraphCapture(
+        mutated_indices = [i for i, p in enumerate(placeholders) if p in mutated]
+        static = _static_input_indices(job.kind)
+        padding = self._padding(job, gm, static, plan) if not plan.uncapturable else None
+        capture = GraphCapture(
             run,
             device=job.device,
-            static_indices=_static_input_indices(job.kind),
-            mutated_indices=[i for i, p in enumerate(placeholders) if p in mutated],
+            static_indices=static,
+            mutated_indices=mutated_indices,
             pool=self._pool,
             capture_limit=self.config.reduce_overhead.capture_limit,
             warmup_iters=self.config.reduce_overhead.warmup_iters,
@@ -254,6 +271,38 @@ class AirgraphBackend:
             hand_out=job.kind == "inference",
             in_graph_copies=self.config.reduce_overhead.input_copies == "in-graph",
         )
+        if padding is None:
+            return capture
+        values = self.config.reduce_overhead.pad_values
+        fills = {i: values[name] for i, name in enumerate(job.arg_names) if name in values}
+        return PaddedRun(
+            capture,
+            padding,
+            self.config.reduce_overhead.capture_sizes,
+            job.report,
+            mutated_indices=mutated_indices,
+            fills=fills,
+            record_calls=self.config.reduce_overhead.warmup_iters,
+        )
+
+    def _padding(self, job: _Job, gm: torch.fx.GraphModule, static: list[int], plan: CapturePlan) -> PadPlan | None:
+        """The graph's padding plan when capture sizes are set, or None (a warning says why, once)."""
+        sizes = self.config.reduce_overhead.capture_sizes
+        if not sizes:
+            return None
+        if job.kind != "inference":
+            warn_once(("capture_sizes", "training"), CAPTURE_SIZES_TRAINING)
+            return None
+        dim = self.config.reduce_overhead.capture_dim
+        padding = plan_padding(gm, dim=dim, static_indices=set(static))
+        if padding is None:
+            warn_once(("capture_sizes", "static", dim), CAPTURE_SIZES_STATIC.format(dim=dim))
+        elif isinstance(padding, PadRefusal):
+            job.report.padding_refused = padding.reason
+            where = f" at {padding.source}" if padding.source else ""
+            warn_once(("capture_sizes", padding.op, padding.source), CAPTURE_SIZES_REFUSED.format(padding, where))
+            return None
+        return padding
 
     def _observer(self, report: GraphReport, segments: list[Segment]) -> ShapeKeyObserver | None:
         observers = [o for factory in self.shape_observers if (o := factory(report, segments)) is not None]
@@ -278,6 +327,29 @@ class _Job:
     runtime: DeviceRuntime
     report: GraphReport
     request: GraphRequest
+    arg_names: tuple[str | None, ...] = ()
+
+
+CAPTURE_SIZES_STATIC = (
+    "airgraph: config.reduce_overhead.capture_sizes is set, but this graph's dimension {dim} is static, so it is "
+    "captured once per size: compile with torch.compile(..., dynamic=True) or call "
+    "torch._dynamo.mark_dynamic(x, {dim}) on the batched input before the first call"
+)
+CAPTURE_SIZES_REFUSED = (
+    "airgraph: config.reduce_overhead.capture_sizes: this graph runs unpadded, one CUDA graph per batch size: "
+    "{0.reason}{1}"
+)
+CAPTURE_SIZES_TRAINING = (
+    "airgraph: config.reduce_overhead.capture_sizes pads inference graphs only; training graphs are captured once "
+    "per batch size"
+)
+
+
+def _argument_name(placeholder: torch.fx.Node) -> str | None:
+    """The forward's argument a Dynamo graph input comes from (``L['attention_mask']`` -> ``attention_mask``)."""
+    name = getattr(getattr(placeholder.meta.get("grapharg"), "source", None), "name", "")
+    match = re.fullmatch(r"L\['([^']+)'\]", name() if callable(name) else str(name))
+    return match.group(1) if match else None
 
 
 def _partition(

@@ -102,6 +102,39 @@ class ReduceOverheadConfig(OptionGroup):
         "cuda.bindings, which torch's Linux CUDA wheels bring).",
         choices=("launch", "in-graph"),
     )
+    capture_sizes = Option(
+        (),
+        "Batch sizes to capture (TorchAir's graph_batch_sizes): a call's dynamic batch is padded up to the next "
+        "size and its outputs sliced back, so these graphs serve every batch up to the largest; empty: one graph per "
+        "batch size. Needs the batch dimension dynamic (torch.compile(dynamic=True) or torch._dynamo.mark_dynamic).",
+        normalize=lambda value: _sizes(value),
+        types=tuple,
+        allowed="a list of ints >= 1",
+    )
+    capture_dim = Option(0, "The input dimension capture_sizes pads (the batch).", minimum=0)
+    pad_values = Option(
+        {},
+        "Per forward argument name, the value its padded rows hold (default 0): e.g. {'attention_mask': 1} where "
+        "zero rows would be wrong. Padded rows never reach a real row's values or the caller's tensors.",
+        types=dict,
+        check=lambda value: (
+            None
+            if all(
+                isinstance(k, str) and isinstance(v, int | float) and not isinstance(v, bool) for k, v in value.items()
+            )
+            else "expected {argument name: int or float}"
+        ),
+        allowed="a dict of str to int or float",
+    )
+
+
+def _sizes(value: Any) -> tuple[int, ...]:
+    """A list of capture sizes, sorted, without repeats; anything else is refused (Option.validate names it)."""
+    if not isinstance(value, list | tuple) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        raise TypeError("expected a list of ints")
+    if any(v < 1 for v in value):
+        raise ValueError("every size must be >= 1")
+    return tuple(sorted(set(value)))
 
 
 class ExperimentalConfig(OptionGroup):

@@ -92,7 +92,10 @@ def capture_state(graph: GraphReport) -> str:
     """Captured (how many shape keys), or why not."""
     if graph.captured:
         recaptures = f", {graph.recaptures} re-captures" if graph.recaptures else ""
-        return f"captured ({graph.capture_keys} shape key{'s' if graph.capture_keys != 1 else ''}{recaptures})"
+        sizes = ""
+        if graph.capture_sizes:
+            sizes = f"; sizes {graph.capture_sizes}, {graph.padded_calls} padded calls ({graph.padded_rows} rows)"
+        return f"captured ({graph.capture_keys} shape key{'s' if graph.capture_keys != 1 else ''}{recaptures}{sizes})"
     if graph.uncaptured_reason:
         return f"uncaptured: {graph.uncaptured_reason}"
     if graph.mode == "reduce-overhead":

@@ -73,6 +73,12 @@ class GraphReport:
     # Shape keys recorded as CUDA graphs so far, and re-captures after a static input moved.
     capture_keys: int = 0
     recaptures: int = 0
+    # Capture sizes (config.reduce_overhead.capture_sizes): the sizes this graph pads to, the calls that were
+    # padded and their padded rows; why it runs unpadded when the sizes are set but padding would change a row.
+    capture_sizes: list[int] = field(default_factory=list)
+    padded_calls: int = 0
+    padded_rows: int = 0
+    padding_refused: str | None = None
     compile_seconds: float = 0.0
     # Event edges from the streams pass: {"tag", "record", "record_stream", "wait", "wait_stream"}.
     events: list[dict] = field(default_factory=list)

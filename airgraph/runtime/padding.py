@@ -70,7 +70,11 @@ class PaddedRun:
         mutated_indices: Sequence[int] = (),
         fills: dict[int, float] | None = None,
         symbol_value: Callable[[Any, int], int] | None = None,
+        record_calls: int = 0,
     ) -> None:
+        """``fills``: input position -> the value of its padded rows (0 elsewhere). ``record_calls``: at the first
+        call, record every size with that many runs each (``record_sizes``), unless the graph writes an input that
+        is not padded (a warm-up run would write it)."""
         boxed(self)
         self._run, self._plan, self._report = run, plan, report
         self.sizes = sorted(set(sizes))
@@ -78,6 +82,8 @@ class PaddedRun:
         self._inputs = [_Input(i, d, k, fills.get(i, 0), i in mutated) for i, d, k in plan.padded]
         self._buffers: dict[tuple[int, int], torch.Tensor] = {}
         self._evaluate = symbol_value or _evaluate
+        padded = {i.position for i in self._inputs}
+        self._record_calls = record_calls if mutated <= padded else 0
         report.capture_sizes = list(self.sizes)
 
     def size_for(self, batch: int) -> int | None:
@@ -86,6 +92,9 @@ class PaddedRun:
         return self.sizes[index] if index < len(self.sizes) else None
 
     def __call__(self, args: list) -> Any:
+        if self._record_calls:
+            calls, self._record_calls = self._record_calls, 0
+            self.record_sizes(list(args), calls)
         batch = self._plan.batch(args)
         size = self.size_for(batch)
         if size is None:
