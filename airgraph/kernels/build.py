@@ -7,12 +7,8 @@ kept as mutations of those inputs), and ``torch._inductor.aoti_compile_and_packa
 (the segment's Inductor options; on CUDA, Triton kernels autotuned for these sizes) into one ``.pt2`` file holding
 the compiled code and its C++ launcher (``kernels/dispatch.py`` loads it).
 
-Why AOTInductor packages rather than Inductor's own output code plus its compiled objects: both load without
-compiling, but an AOTInductor package is one file that torch loads through a public API
-(``torch._inductor.aoti_load_package``) on the CPU and on CUDA alike, runs with a C++ launcher and loads in
-milliseconds (benchmarks/static_kernels.py measures it beside Inductor's cached output code), while Inductor's
-output code needs its Python wrapper imported and its kernels' shared objects found in Inductor's cache under names
-derived from the compiler's flags.
+AOTInductor packages rather than Inductor's output code: one file, loaded through a public API on the CPU and on
+CUDA alike, with a C++ launcher (why: docs/design/static-kernel-loading.md).
 
 Inductor writes a build's files under its cache folder, named by a digest of the generated code, and writes some of
 them in place (the metadata JSON files, with ``open(..., "w")`` and ``shutil.copy``): two processes building the same
