@@ -4,14 +4,15 @@ Each run gets its own copy of the model (``copy.deepcopy``) and of the inputs, s
 cache) or an input written by the model does not leak from one run into the other; the caller's model is not run.
 The compiled copy runs as often as the config needs to reach its steady state (reduce-overhead: warm-up, then a
 captured replay; tuning: the tuning run, then the tuned one), its parameters and buffers restored in place before
-each call, so every call starts from the state eager started from. With autograd on (an output requires grad),
+each call, so every call starts from the state eager started from. Copies stay on the device of what they copy
+(precision/device.py). With autograd on (an output requires grad),
 both runs go backward from the same seeded output gradients, and every parameter's and input's gradient is
 compared.
 """
 
 from __future__ import annotations
 
-import copy
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +20,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import keystr, tree_flatten_with_path, tree_map
 
+from airgraph.precision.device import RunDevice
 from airgraph.precision.tolerance import TensorDiff, diff, tolerance_for
 
 __all__ = ["Outcome", "compare_runs", "compiled_calls"]
@@ -42,10 +44,10 @@ def compiled_calls(config: Any) -> int:
     return calls
 
 
-def _fresh_inputs(inputs: Any) -> Any:
+def _fresh_inputs(inputs: Any, device: RunDevice) -> Any:
     def fresh(value: Any) -> Any:
         if isinstance(value, torch.Tensor):
-            return value.detach().clone().requires_grad_(value.requires_grad)
+            return device.copy_tensor(value, value.detach().clone().requires_grad_(value.requires_grad))
         return value
 
     return tree_map(fresh, inputs)
@@ -57,10 +59,20 @@ def _state(model: Any) -> dict[str, torch.Tensor]:
     return {**dict(model.named_parameters()), **dict(model.named_buffers())}
 
 
-def run_once(fn: Callable[..., Any], model: Any, inputs: tuple, kwargs: dict, grad_seed: int) -> Outcome:
-    """Call ``fn`` on fresh copies of the inputs and, when an output requires grad, go backward."""
-    args, kwargs = _fresh_inputs((inputs, kwargs))
-    result = fn(*args, **kwargs)
+def run_once(
+    fn: Callable[..., Any],
+    model: Any,
+    inputs: tuple,
+    kwargs: dict,
+    grad_seed: int,
+    device: RunDevice,
+    call: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+) -> Outcome:
+    """Call ``fn`` (under ``call()``) on fresh copies of the inputs and, when an output requires grad, go
+    backward."""
+    args, kwargs = _fresh_inputs((inputs, kwargs), device)
+    with call():
+        result = fn(*args, **kwargs)
     leaves, _ = tree_flatten_with_path(result)
     outputs = {f"output{keystr(path)}": value for path, value in leaves}
     grads: dict[str, torch.Tensor] = {}
@@ -68,7 +80,8 @@ def run_once(fn: Callable[..., Any], model: Any, inputs: tuple, kwargs: dict, gr
     if needs:
         generator = torch.Generator().manual_seed(grad_seed)
         seeds = [torch.randn(v.shape, generator=generator).to(v.device, v.dtype) for v in needs]
-        torch.autograd.backward(needs, seeds)
+        with call():
+            torch.autograd.backward(needs, seeds)
         for name, param in _state(model).items():
             if isinstance(param, torch.nn.Parameter) and param.grad is not None:
                 grads[f"grad {name}"] = param.grad.detach().clone()
@@ -93,20 +106,23 @@ def compare_runs(
     rtol: float | None,
     atol: float | None,
     grad_seed: int = 0,
+    device: RunDevice | None = None,
 ) -> tuple[Outcome, Outcome, list[TensorDiff]]:
     """Eager's and the compiled run's outcomes, and every output and gradient compared."""
-    eager_model = copy.deepcopy(model) if isinstance(model, torch.nn.Module) else model
-    eager = run_once(eager_model, eager_model, inputs, kwargs, grad_seed)
-    compiled_model = copy.deepcopy(model) if isinstance(model, torch.nn.Module) else model
+    device = device or RunDevice()
+    eager_model = device.copy_model(model)
+    eager = run_once(eager_model, eager_model, inputs, kwargs, grad_seed, device)
+    compiled_model = device.copy_model(model)
     state = {name: t.detach().clone() for name, t in _state(compiled_model).items()}
     compiled_fn = compile_fn(compiled_model)
     compiled = None
     for _ in range(calls):
+        compiled = None  # let the last call's outputs go: a replay would otherwise find them held and run uncaptured
         with torch.no_grad():
             for name, tensor in _state(compiled_model).items():
                 tensor.copy_(state[name])
                 tensor.grad = None
-        compiled = run_once(compiled_fn, compiled_model, inputs, kwargs, grad_seed)
+        compiled = run_once(compiled_fn, compiled_model, inputs, kwargs, grad_seed, device, device.call)
     assert compiled is not None
     diffs = [*compare_values(eager.outputs, compiled.outputs, "output", rtol, atol)]
     diffs += compare_values(eager.grads, compiled.grads, "grad", rtol, atol)
