@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from airgraph.config import CompilerConfig
+from airgraph.precision.device import RunDevice
 from airgraph.precision.locate import locate_graph
 from airgraph.precision.record import Recorder
 from airgraph.precision.report import CompareReport
@@ -60,16 +61,18 @@ def compare_with(
     def compile_fn(fn: Any) -> Any:
         return torch.compile(fn, backend=backend, **compile_kwargs)
 
+    device = RunDevice(getattr(backend, "runtime", None))
+    calls = compiled_calls(backend.config)
     eager, compiled, values = compare_runs(
-        model, inputs, kwargs, compile_fn, compiled_calls(backend.config), rtol=rtol, atol=atol
+        model, inputs, kwargs, compile_fn, calls, rtol=rtol, atol=atol, device=device
     )
     report = CompareReport(values, graphs=[_graph_summary(g.report) for g in recorder.graphs])
     if not report.ok:
         for graph in recorder.graphs:
-            found, notes = locate_graph(graph, backend.config, rtol, atol)
+            found, notes = locate_graph(graph, backend.config, rtol, atol, device.runtime)
             report.divergences += found
             report.notes += notes
-        if not report.divergences:
+        if not report.divergences and not report.notes:
             report.notes.append(
                 "no segment leaves the tolerance on eager's values: the difference comes from outside the kernels "
                 "(the ATen graph itself, capture, streams or input copies)"

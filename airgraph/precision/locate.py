@@ -1,12 +1,13 @@
 """Find, within each segment, the first ATen node whose compiled value leaves the tolerance while its inputs were
 within it.
 
-The reference is the recorded ATen graph interpreted op by op (``torch.fx.Interpreter``) on the inputs of the
-graph's last compiled call. A segment is checked by compiling it again with the implementation that ran it (the
-same kernel backend, options and ``chosen_by``, through ``lower_segment``) and running it on the reference values
-of its inputs. When its outputs leave the tolerance, prefixes of it are compiled the same way, each returning
-every value that leaves the prefix, and bisection finds the shortest prefix with a value out of tolerance: the
-prefix one unit shorter was within it everywhere, so the node the longer one adds read inputs within tolerance.
+The reference is the recorded ATen graph interpreted op by op on the inputs of the graph's last compiled call
+(precision/reference.py; it covers a device program split off the CUDA graph's host work too). A segment is
+checked by compiling it again with the implementation that ran it (the same kernel backend, options and
+``chosen_by``, through ``lower_segment``; run by the graph's device runtime) on the reference values of its
+inputs. When its outputs leave the tolerance, prefixes of it are compiled the same way, each returning every
+value that leaves the prefix, and bisection finds the shortest prefix with a value out of tolerance: the prefix
+one unit shorter was within it everywhere, so the node the longer one adds read inputs within tolerance.
 A fused kernel's divergence is found too, since a prefix is fused as the segment is.
 
 Invariants: the recorded inputs and reference values are never written (each run gets copies); a prefix of a
@@ -24,14 +25,16 @@ from typing import Any
 
 import torch
 
-from airgraph.graph.analysis import target_name
+from airgraph.graph.analysis import target_name, written_inputs
 from airgraph.graph.program import Segment
 from airgraph.lowering.lower import lower_segment
 from airgraph.lowering.partition import subgraph
 from airgraph.lowering.select import GraphRequest, Impl
 from airgraph.precision.record import RecordedGraph, copy_value
+from airgraph.precision.reference import reference_values
 from airgraph.precision.source import module_path, node_source
 from airgraph.precision.tolerance import TensorDiff, diff, tolerance_for
+from airgraph.runtime.device import DeviceRuntime, runtime_for
 
 __all__ = ["Checked", "Divergence", "locate_graph"]
 
@@ -76,36 +79,28 @@ class Divergence:
         return self.diff.tolerance
 
 
-class _Reference(torch.fx.Interpreter):
-    """Runs the graph op by op and keeps every node's value."""
-
-    def __init__(self, gm: torch.fx.GraphModule) -> None:
-        super().__init__(gm, garbage_collect_values=False)
-
-    def values(self, inputs: list[Any]) -> dict[torch.fx.Node, Any]:
-        """Every node's value; the inputs' as they were before the graph wrote any (an input mutation's copy_)."""
-        self.run(*[copy_value(v) for v in inputs])
-        for node, value in zip(self.graph.find_nodes(op="placeholder"), inputs, strict=True):
-            self.env[node] = value
-        return self.env
-
-
-def locate_graph(graph: RecordedGraph, config: Any, rtol: float | None, atol: float | None) -> tuple[list, list]:
+def locate_graph(
+    graph: RecordedGraph, config: Any, rtol: float | None, atol: float | None, runtime: DeviceRuntime | None = None
+) -> tuple[list, list]:
     """``(divergences, notes)``: one divergence per segment that leaves the tolerance, in execution order, and why
-    a segment could not be checked."""
+    a segment could not be checked. ``runtime``: the backend's override (the simulator), as it ran the graph."""
     compute = [seg for seg in graph.segments if not seg.sync and seg.gm is not None and seg.impl is not None]
     if graph.inputs is None or not compute:
         return [], []
-    owner = compute[0].nodes[0].graph.owning_module
+    # The graph's own nodes come first (a host split's host pieces); a device program split off it owns the rest.
+    owner = graph.segments[0].nodes[0].graph.owning_module
     if len(owner.graph.find_nodes(op="placeholder")) != len(graph.inputs):
-        return [], [f"{graph.name}: its host work is split off the CUDA graph; segments not checked one by one"]
+        return [], [f"{graph.name}: its inputs are not its first segment's graph's; segments not checked"]
+    programs = [m for m in dict.fromkeys(seg.nodes[0].graph.owning_module for seg in compute) if m is not owner]
+    device = torch.device(graph.report.device)
+    runtime = runtime_for(device, runtime)
     with torch.no_grad():
-        reference = _Reference(owner).values(graph.inputs)
-        request = GraphRequest(graph.report.kind, torch.device(graph.report.device), config)
-        locator = _Locator(graph, reference, request, rtol, atol)
+        reference = reference_values(owner, programs, graph.inputs, runtime)
+        request = GraphRequest(graph.report.kind, device, config)
+        locator = _Locator(graph, reference, request, runtime, rtol, atol)
         found, notes = [], []
         for seg in compute:
-            if any(node not in reference for node in seg.nodes):
+            if any(node not in reference for node in [*seg.inputs, *seg.nodes]):
                 notes.append(f"{graph.name} segment {seg.id}: not in the interpreted graph; not checked")
                 continue
             divergence = locator.segment(seg)
@@ -119,6 +114,7 @@ class _Locator:
     graph: RecordedGraph
     reference: dict[torch.fx.Node, Any]
     request: GraphRequest
+    runtime: DeviceRuntime
     rtol: float | None
     atol: float | None
 
@@ -170,7 +166,8 @@ class _Locator:
         owner = nodes[0].graph.owning_module
         gm = subgraph(owner, inputs, nodes, outputs, f"Compare{seg.id}")
         piece = Segment(seg.id, seg.placement, seg.stream, nodes, inputs, outputs, gm=gm)
-        compiled = lower_segment(piece, impl, self.request)
+        piece.written = written_inputs(nodes, inputs)
+        compiled = self.runtime.wrap_segment(piece, lower_segment(piece, impl, self.request))
         results = compiled([copy_value(self.reference[n]) for n in inputs])
         checked = []
         for node, value in zip(outputs, results, strict=True):
