@@ -64,7 +64,7 @@ def line_of(mark: str) -> str:
 def replayed_last(captures) -> bool:
     """The compared call was a replay: the recording call replays once, the last call once more (an earlier
     call's output still held would have made it run uncaptured)."""
-    return bool(captures) and all(e.replays == 2 for c in captures for e in c._keys.values())
+    return bool(captures) and all(e.replays == 2 for c in captures for e in c.keys.values())
 
 
 @pytest.mark.parametrize("mode", MODES)
