@@ -123,7 +123,9 @@ def test_dynamic_tiny_llama_decode_is_captured_with_per_call_transfers(captures,
     assert report.host_prologue["per_call"] and report.host_prologue["transfers"]
     ((entry,),) = [c.keys.values() for c in captures]
     assert entry.replays == 5 and entry.recorded.refill and not any(t.static for _, t in entry.recorded.refill)
-    assert bool(entry.recorded.fed) == (input_copies == "in-graph") and bool(entry.recorded.batches) != bool(entry.recorded.fed)
+    assert bool(entry.recorded.fed) == (input_copies == "in-graph") and bool(entry.recorded.batches) != bool(
+        entry.recorded.fed
+    )
 
 
 def test_host_work_runs_once_per_call_and_static_work_once_per_key(captures, monkeypatch):

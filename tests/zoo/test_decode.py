@@ -101,8 +101,12 @@ def test_hf_generate_with_a_static_cache_replays_on_the_simulator(captures, inpu
     sim.check()
     (report,) = [r for r in backend.reports if r.captured]
     assert report.uncaptured_reason is None and report.recaptures <= generates - 1
-    (entry,) = [k for c in captures for k in c._keys.values() if k.replays]
+    (entry,) = [k for c in captures for k in c.keys.values() if k.replays]
     assert entry.replays == generates * (new_tokens - 1) - 1 - report.recaptures  # a recording: one call
-    assert bool(entry.fed) == (input_copies == "in-graph")
-    if entry.fed:  # every tensor with a buffer of its own is fed
-        assert not entry.batches and not entry.copies, (entry.fed, entry.batches, entry.copies)
+    assert bool(entry.recorded.fed) == (input_copies == "in-graph")
+    if entry.recorded.fed:  # every tensor with a buffer of its own is fed
+        assert not entry.recorded.batches and not entry.recorded.copies, (
+            entry.recorded.fed,
+            entry.recorded.batches,
+            entry.recorded.copies,
+        )
