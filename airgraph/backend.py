@@ -92,6 +92,9 @@ class AirgraphBackend:
             self.shape_observers.append(self.static_kernels.observer)
         self._pool = MemoryPool(runtime_for(torch.device("cuda"), runtime))
         self.direct = False  # wrap each compiled graph in fastpath.Direct (compile_model(..., fast_path=True))
+        # False: a Dynamo graph whose static kernels are all installed still goes through AOTAutograd and runs them
+        # segment by segment (airgraph.compare: a warm-started graph has no ATen graph to check node by node).
+        self.warm_start = True
 
     def __repr__(self) -> str:
         return f"AirgraphBackend(mode={self.config.mode!r}, kernel_backend={self.config.kernel_backend!r})"
@@ -103,8 +106,8 @@ class AirgraphBackend:
         dynamo_graph = self.dynamo_graphs
         self.dynamo_graphs += 1
         kernels = self.static_kernels
-        if isinstance(kernels, StaticKernels) and not self.plan_only and self.runtime is None:  # kernels/warm.py
-            warm = kernels.warm_start(gm, example_inputs)
+        if isinstance(kernels, StaticKernels) and self.warm_start and not self.plan_only and self.runtime is None:
+            warm = kernels.warm_start(gm, example_inputs)  # kernels/warm.py
             if warm is not None:
                 self.reports.append(warm_report(warm.num_nodes, warm.source, self.config.mode, dynamo_graph))
                 return Direct(warm, "inference") if self.direct else warm

@@ -43,3 +43,26 @@ def test_a_fused_kernels_divergence_is_found_at_its_node(monkeypatch):
     first = report.first
     assert (first.op, first.source, first.backend) == ("aten.exp.default", EXP_LINE, "inductor")
     assert first.max_rel == pytest.approx(0.01, rel=1e-3)
+
+
+@pytest.mark.slow
+def test_a_static_kernels_divergence_is_found_in_a_fresh_and_a_warm_library(monkeypatch, tmp_path):
+    """The planted lowering is built into the static kernels of the first compare, which installs them; the second
+    compare, on the same library, would warm-start on them (no ATen graph); compare traces it instead and finds the
+    node in the installed kernel's segment."""
+    from torch._inductor import config as inductor_config
+    from torch._inductor import lowering
+
+    exp, mul = lowering.lowerings[aten.exp.default], lowering.lowerings[aten.mul.Tensor]
+    monkeypatch.setitem(lowering.lowerings, aten.exp.default, lambda x: mul(exp(x), 1.01))
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
+    config = make_config(
+        kernel_backend="inductor", **{"static_kernels.enabled": True, "static_kernels.build_dir": str(tmp_path)}
+    )
+    for run in ("builds", "installed"):
+        with inductor_config.patch(fx_graph_cache=False), torch.no_grad():
+            report = airgraph.compare(Model(), x, config=config)
+        assert not report.ok, run
+        first = report.first
+        assert (first.op, first.source, first.chosen_by) == ("aten.exp.default", EXP_LINE, "static_kernels"), run
+        assert first.max_rel == pytest.approx(0.01, rel=1e-3), run
