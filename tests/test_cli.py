@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import airgraph
 from airgraph import cli
 from airgraph.bench import decode as bench
 from airgraph.bench import streams
@@ -242,6 +243,17 @@ def test_inspect_bad_targets_exit_2(tmp_path, capsys):
     assert "cannot import" in capsys.readouterr().err
     assert cli.main(["inspect", "tiny-llama", "--mode", "fastest"]) == 2
     assert "CompilerConfig.mode" in capsys.readouterr().err
+
+
+def test_config_from_sets_what_the_command_line_gave_and_refuses_bad_values():
+    from airgraph.cli.common import CliError, config_from
+
+    config = config_from({"mode": "reduce-overhead", "tuning.budget_s": 5.0, "kernel_backend": None})
+    assert (config.mode, config.tuning.budget_s) == ("reduce-overhead", 5.0)
+    assert config.kernel_backend == airgraph.CompilerConfig().kernel_backend  # None: the option's default
+    with pytest.raises(CliError, match=r"tuning\.budget_s") as bad:
+        config_from({"tuning.budget_s": -1.0})
+    assert bad.value.code == 2
 
 
 def test_argparse_errors_exit_2(capsys):

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
+from airgraph.config import CompilerConfig
+
 if TYPE_CHECKING:
     import torch
 
@@ -22,6 +24,7 @@ __all__ = [
     "EXAMPLE_SIGNATURE",
     "CliError",
     "add_target_options",
+    "config_from",
     "load_example",
     "load_file",
     "load_target",
@@ -41,6 +44,25 @@ class CliError(Exception):
     def __init__(self, message: str, code: int = 2) -> None:
         super().__init__(message)
         self.code = code
+
+
+def config_from(options: dict[str, Any]) -> CompilerConfig:
+    """A config with each option the command line gave (dotted names, e.g. ``"tuning.mode"``; None: the option's
+    default); a value the option refuses is a usage error (exit 2) that names it."""
+    nested: dict[str, Any] = {}
+    for name, value in options.items():
+        if value is not None:
+            *groups, leaf = name.split(".")
+            target = nested
+            for group in groups:
+                target = target.setdefault(group, {})
+            target[leaf] = value
+    config = CompilerConfig()
+    try:
+        config.update(nested)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    return config
 
 
 def make_console(*, stderr: bool = False) -> Console:

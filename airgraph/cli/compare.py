@@ -10,8 +10,14 @@ from typing import Any
 
 from rich.console import Console
 
-from airgraph.cli.common import EXAMPLE_SIGNATURE, CliError, add_target_options, load_target, make_console
-from airgraph.config import CompilerConfig
+from airgraph.cli.common import (
+    EXAMPLE_SIGNATURE,
+    CliError,
+    add_target_options,
+    config_from,
+    load_target,
+    make_console,
+)
 
 __all__ = ["add_parsers", "cmd_compare"]
 
@@ -44,14 +50,7 @@ def cmd_compare(args: argparse.Namespace, console: Console) -> int:
 
     if (args.rtol is None) != (args.atol is None):
         raise CliError("give both --rtol and --atol, or neither (then they follow each value's dtype)")
-    config = CompilerConfig()
-    try:
-        if args.mode is not None:
-            config.mode = args.mode
-        if args.kernel_backend is not None:
-            config.kernel_backend = args.kernel_backend
-    except ValueError as exc:
-        raise CliError(str(exc)) from None
+    config = config_from({"mode": args.mode, "kernel_backend": args.kernel_backend})
     fn, fargs, fkwargs = load_target(args)
     grad = torch.enable_grad() if args.grad else torch.no_grad()
     status = make_console(stderr=True).status(f"comparing {args.target} ({config.mode}, {config.kernel_backend})")

@@ -7,8 +7,15 @@ from typing import Any
 
 from rich.console import Console
 
-from airgraph.cli.common import DEVICE_HELP, EXAMPLE_SIGNATURE, CliError, add_target_options, load_target, make_console
-from airgraph.config import CompilerConfig
+from airgraph.cli.common import (
+    DEVICE_HELP,
+    EXAMPLE_SIGNATURE,
+    CliError,
+    add_target_options,
+    config_from,
+    load_target,
+    make_console,
+)
 
 __all__ = ["add_parsers"]
 
@@ -42,14 +49,7 @@ def cmd_inspect(args: argparse.Namespace, console: Console) -> int:
     from airgraph.bench.results import write_json
     from airgraph.report.render import render_report
 
-    config = CompilerConfig()
-    try:
-        if args.mode is not None:
-            config.mode = args.mode
-        if args.kernel_backend is not None:
-            config.kernel_backend = args.kernel_backend
-    except ValueError as exc:
-        raise CliError(str(exc)) from None
+    config = config_from({"mode": args.mode, "kernel_backend": args.kernel_backend})
     # --device cuda without a GPU: build on the CPU, then plan on fake CUDA tensors (compiles, runs nothing).
     planning = args.device.startswith("cuda") and not torch.cuda.is_available()
     target_device = args.device

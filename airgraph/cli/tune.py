@@ -9,8 +9,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from airgraph.cli.common import EXAMPLE_SIGNATURE, CliError, add_target_options, load_target, make_console
-from airgraph.config import CompilerConfig
+from airgraph.cli.common import EXAMPLE_SIGNATURE, CliError, add_target_options, config_from, load_target, make_console
 
 __all__ = ["add_parsers", "cmd_tune"]
 
@@ -45,21 +44,17 @@ def cmd_tune(args: argparse.Namespace, console: Console) -> int:
 
     import airgraph
 
-    config = CompilerConfig()
-    try:
-        config.tuning.mode = args.mode
-        if config.tuning.mode is None:
-            raise ValueError("--mode: give op or subgraph (AOE's 2 or 1)")
-        if args.kernel_backend is not None:
-            config.kernel_backend = args.kernel_backend
-        if args.budget is not None:
-            config.tuning.budget_s = args.budget
-        if args.subgraph_budget is not None:
-            config.tuning.subgraph_budget_s = args.subgraph_budget
-        if args.ops is not None:
-            config.tuning.ops = args.ops
-    except ValueError as exc:
-        raise CliError(str(exc)) from None
+    config = config_from(
+        {
+            "tuning.mode": args.mode,
+            "kernel_backend": args.kernel_backend,
+            "tuning.budget_s": args.budget,
+            "tuning.subgraph_budget_s": args.subgraph_budget,
+            "tuning.ops": args.ops,
+        }
+    )
+    if config.tuning.mode is None:
+        raise CliError("--mode: give op or subgraph (AOE's 2 or 1)")
     fn, fargs, fkwargs = load_target(args)
     progress = Progress(
         TextColumn("{task.description}"),
