@@ -172,11 +172,8 @@ def test_planned_reduce_overhead_splits_static_and_per_call_host_work(no_kernels
     def scale_by_count(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         return x * lengths.sum().item()  # a per-call number baked into a kernel: refused
 
-    torch._dynamo.config.capture_scalar_outputs = True
-    try:
+    with torch._dynamo.config.patch(capture_scalar_outputs=True):
         (graph,) = plan(scale_by_count, torch.randn(4), fake_inputs(torch.arange(3), device="cpu"), **planning).graphs
-    finally:
-        torch._dynamo.config.capture_scalar_outputs = False
     reason = graph.uncaptured_reason
     assert reason is not None and "changes with every call" in reason and "inside the CUDA graph" in reason
 
@@ -199,8 +196,7 @@ def test_find_uncapturable_accepts_host_work_but_not_other_cpu_tensors():
 @pytest.mark.parametrize("mode", ["max-autotune", "reduce-overhead"])
 def test_numerics_equal_eager_on_cpu_where_the_pass_is_a_no_op(mode):
     compiled, backend = compile_with(hf_positions, dynamic=True, kernel_backend="aten", mode=mode)
-    torch._dynamo.config.capture_scalar_outputs = True
-    try:
+    with torch._dynamo.config.patch(capture_scalar_outputs=True):
         for past in (3, 6):
             hidden, mask = torch.randn(2, 1, 4), torch.ones(2, past + 1)
             mask[0, 0] = 0
@@ -208,8 +204,6 @@ def test_numerics_equal_eager_on_cpu_where_the_pass_is_a_no_op(mode):
             assert_close(got[0], want[0])
             assert_close(got[1], want[1])
             assert got[2] == want[2]
-    finally:
-        torch._dynamo.config.capture_scalar_outputs = False
     assert backend.reports
     for graph in backend.reports:
         placement = {p.name: p for p in graph.passes}["host_placement"]

@@ -48,9 +48,8 @@ def test_host_work_is_classified_static_or_per_call():
 
 @pytest.fixture
 def scalar_outputs():
-    torch._dynamo.config.capture_scalar_outputs = True
-    yield
-    torch._dynamo.config.capture_scalar_outputs = False
+    with torch._dynamo.config.patch(capture_scalar_outputs=True):
+        yield
 
 
 def test_seed_fragment_runs_its_host_work_once_per_key_around_the_replays(scalar_outputs, captures):
@@ -173,13 +172,10 @@ def test_a_host_value_of_data_dependent_shape_keeps_the_graph_uncaptured():
 
     sim = SimulatedCuda()
     compiled, backend = compile_with(fn, runtime=sim, mode="reduce-overhead", kernel_backend="aten")
-    torch._dynamo.config.capture_dynamic_output_shape_ops = True
-    try:
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
         for step in range(3):
             x, lengths = sim.to_device(torch.randn(4, 3)), torch.tensor([step, 0, 1, 1])
             assert_close(run(sim, compiled, x, lengths), fn(x, lengths))
-    finally:
-        torch._dynamo.config.capture_dynamic_output_shape_ops = False
     sim.check()
     (report,) = backend.reports
     assert not report.captured and "copies view to the device with a data-dependent shape" in report.uncaptured_reason

@@ -68,11 +68,8 @@ def scaled_fragment(x: torch.Tensor) -> torch.Tensor:
 
 
 def test_seed_fragment_moves_to_host_and_its_syncs_go():
-    torch._dynamo.config.capture_scalar_outputs = True
-    try:
+    with torch._dynamo.config.patch(capture_scalar_outputs=True):
         report = plan(fragment, torch.randn(4, 6), device="cuda", config=make_config(kernel_backend="aten"))
-    finally:
-        torch._dynamo.config.capture_scalar_outputs = False
     (graph,) = report.graphs
     by_target: dict[str, set[str]] = {}
     for node in graph.nodes:
@@ -258,8 +255,7 @@ def test_a_cpu_index_read_by_an_indexing_op_on_the_device_gets_an_asynchronous_c
 
 
 def test_node_reports_name_the_device_of_each_value():
-    torch._dynamo.config.capture_scalar_outputs = True
-    try:
+    with torch._dynamo.config.patch(capture_scalar_outputs=True):
         reports = {
             placed: plan(
                 fragment,
@@ -269,8 +265,6 @@ def test_node_reports_name_the_device_of_each_value():
             )
             for placed in (False, True)
         }
-    finally:
-        torch._dynamo.config.capture_scalar_outputs = False
     devices = {placed: {n.target: n.device for n in r.graphs[0].nodes} for placed, r in reports.items()}
     assert devices[False]["aten.gather.default"] == "cuda:0"  # the shape tensor was copied to the GPU
     assert devices[False]["aten.lift_fresh_copy.default"] == "cpu"  # a CPU constant, placement "device" or not

@@ -159,15 +159,12 @@ def test_uncapturable_op_runs_uncaptured_with_one_log_line(caplog, target):
     def fn(x: torch.Tensor) -> torch.Tensor:
         return x * (x > 0).sum().item()  # an int: a float .item() feeding float math is kept as a tensor
 
-    torch._dynamo.config.capture_scalar_outputs = True
-    try:
+    with torch._dynamo.config.patch(capture_scalar_outputs=True):
         compiled, backend = target.compile(fn, mode="reduce-overhead", kernel_backend="aten")
         with caplog.at_level(logging.INFO, logger="airgraph"):
             for _ in range(3):
                 x = torch.randn(8, device=target.device)
                 assert_close(compiled(x), fn(x))
-    finally:
-        torch._dynamo.config.capture_scalar_outputs = False
     report = backend.reports[0]
     assert not report.captured and "_local_scalar_dense" in report.uncaptured_reason
     assert sum("_local_scalar_dense" in r.getMessage() for r in caplog.records) == 1

@@ -33,9 +33,8 @@ def gather_rows(x: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, t
 
 @pytest.fixture
 def scalar_outputs():
-    torch._dynamo.config.capture_scalar_outputs = True
-    yield
-    torch._dynamo.config.capture_scalar_outputs = False
+    with torch._dynamo.config.patch(capture_scalar_outputs=True):
+        yield
 
 
 def host_nodes(backend) -> list[str]:

@@ -391,12 +391,9 @@ def test_a_data_dependent_op_keeps_the_graph_uncaptured_on_the_simulator_too():
     def fn(x: torch.Tensor) -> torch.Tensor:
         return torch.nonzero(x > 0).sum() * x
 
-    torch._dynamo.config.capture_dynamic_output_shape_ops = True
-    try:
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
         calls = [(torch.randn(8),) for _ in range(3)]
         got, backend = run_checked(fn, SimulatedCuda(), calls, mode="reduce-overhead", kernel_backend="aten")
-    finally:
-        torch._dynamo.config.capture_dynamic_output_shape_ops = False
     for out, (x,) in zip(got, calls, strict=True):
         assert_close(out, fn(x))
     report = backend.reports[0]
