@@ -11,7 +11,6 @@ import torch.nn.functional as F
 
 import airgraph
 from airgraph.backend import AirgraphBackend
-from airgraph.lowering.select import Impl
 from airgraph.precision.api import compare_with
 from airgraph.runtime.simulated import SimulatedCuda
 from tests.helpers import make_config
@@ -132,21 +131,35 @@ def test_reduce_overhead_on_the_simulated_runtime_is_compared_captured(wrong_bac
     assert not report.ok and (report.first.op, report.first.source) == ("aten.gelu.default", GELU_LINE)
 
 
-class _PlantedBank:
-    """A tuning bank whose one entry moves the numbers: every segment to the planted backend."""
+def _bank_every_segment(config, backend_name: str) -> list[str]:
+    """A real bank entry for each compute segment of Net's graph choosing ``backend_name`` (as a bank tuned on
+    another build could hold it); returns the bank keys."""
+    from airgraph.tuning.bank import TUNED, Bank, Entry
+    from airgraph.tuning.candidates import VERSIONS
+    from airgraph.tuning.source import bank_file, segment_key
 
-    def __init__(self, backend: str) -> None:
-        self.backend = backend
-
-    def lookup(self, segment, request):
-        return Impl(self.backend, "tuning", source={"bank_key": "planted"})
-
-
-def test_a_bank_choice_that_moves_numbers_is_named_as_the_tunings(wrong_backend):
-    backend = AirgraphBackend(make_config(kernel_backend="aten"))
-    backend.tuning = _PlantedBank(wrong_backend(aten.gelu.default, aten.relu.default))
+    segments = []
+    backend = AirgraphBackend(config)
+    backend.shape_observers.append(lambda report, segs: segments.extend(s for s in segs if s.gm is not None))
     with torch.no_grad():
-        report = compare_with(backend, Net(), (inputs(),), {})
+        torch.compile(Net(), backend=backend)(inputs())
+    file, digest = bank_file(Bank(config.tuning.resolved_bank_dir()), torch.device("cpu"))
+    keys = []
+    for segment in segments:
+        base, key = segment_key(segment, digest)
+        choice = {"tune_mode": "Subgraph", "name": backend_name, "options": {"backend": backend_name}}
+        name = f"segment {segment.id}"
+        file.commit(Entry(key, "subgraph", TUNED, base, name, "", VERSIONS["subgraph"], choice, 2.0, 1.0))
+        keys.append(key)
+    return keys
+
+
+def test_a_bank_choice_that_moves_numbers_is_named_as_the_tunings(wrong_backend, tmp_path):
+    config = make_config(kernel_backend="aten", **{"tuning.bank_dir": str(tmp_path)})
+    keys = _bank_every_segment(config, wrong_backend(aten.gelu.default, aten.relu.default))
+    with torch.no_grad():
+        report = compare_with(AirgraphBackend(config), Net(), (inputs(),), {})
     first = report.first
-    assert (first.chosen_by, first.bank_source, first.op) == ("tuning", {"bank_key": "planted"}, "aten.gelu.default")
-    assert "chosen by tuning {'bank_key': 'planted'}" in str(report)
+    assert (first.chosen_by, first.op, first.source) == ("tuning", "aten.gelu.default", GELU_LINE)
+    assert first.bank_source["bank key"] in keys
+    assert f"chosen by tuning {first.bank_source}" in str(report)
