@@ -1,22 +1,50 @@
-"""A tiny LLaMA-style decoder in plain PyTorch, used for demos, benchmarks and compiler tests.
+"""A LLaMA-style decoder in plain PyTorch (gpt-fast's layout), used for demos, benchmarks and compiler tests.
 
 Design goals: readable top to bottom, deterministic (seeded, local generators only) and traceable with
 ``torch.compile(fullgraph=True)`` for both prefill and single-token decode. It uses a static KV cache, a
 precomputed causal mask and rotary tables, so ``forward`` has no data-dependent Python control flow.
+
+Presets: "tiny", "small", "micro" for tests and demos; "1b" (Llama-3.2-1B's shapes, tied embeddings) and "8b"
+(Llama-3.1-8B's) for benchmarks/llm_roofline.py, built with random weights where they run
+(``TinyLlama(config, device="cuda", dtype=torch.bfloat16)``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-_PRESETS: dict[str, dict[str, int]] = {
+_PRESETS: dict[str, dict[str, int | float | bool]] = {
     "tiny": {},
     "small": {"dim": 256, "n_layers": 4, "n_heads": 8, "n_kv_heads": 4, "vocab_size": 1024, "max_seq_len": 256},
     "micro": {"dim": 32, "n_layers": 1, "n_heads": 2, "n_kv_heads": 1, "vocab_size": 64, "max_seq_len": 32},
+    # Llama-3.2-1B's shapes (head_dim 64, rope theta 500000; its llama3 rope scaling is left out: random weights)
+    "1b": {
+        "dim": 2048,
+        "n_layers": 16,
+        "n_heads": 32,
+        "n_kv_heads": 8,
+        "intermediate_size": 8192,
+        "vocab_size": 128256,
+        "tie_embeddings": True,
+        "rope_base": 500000.0,
+        "max_seq_len": 2048,
+    },
+    # Llama-3.1-8B's shapes (head_dim 128, untied embeddings)
+    "8b": {
+        "dim": 4096,
+        "n_layers": 32,
+        "n_heads": 32,
+        "n_kv_heads": 8,
+        "intermediate_size": 14336,
+        "vocab_size": 128256,
+        "rope_base": 500000.0,
+        "max_seq_len": 2048,
+    },
 }
 
 
@@ -31,6 +59,7 @@ class LlamaConfig:
     max_seq_len: int = 128
     rope_base: float = 10000.0
     norm_eps: float = 1e-5
+    tie_embeddings: bool = False  # the output projection is the token embedding matrix (Llama-3.2-1B)
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "max_seq_len"):
@@ -54,10 +83,12 @@ class LlamaConfig:
         for name in ("rope_base", "norm_eps"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"LlamaConfig.{name}={getattr(self, name)}: must be > 0")
+        if not isinstance(self.tie_embeddings, bool):
+            raise ValueError(f"LlamaConfig.tie_embeddings={self.tie_embeddings!r}: must be True or False")
 
     @classmethod
-    def preset(cls, name: str, **overrides: int | float) -> LlamaConfig:
-        """Named configuration ("tiny", "small", "micro"), optionally with some fields overridden."""
+    def preset(cls, name: str, **overrides: int | float | bool) -> LlamaConfig:
+        """Named configuration ("tiny", "small", "micro", "1b", "8b"), optionally with some fields overridden."""
         if name not in _PRESETS:
             raise ValueError(f"unknown LlamaConfig preset {name!r}; available presets: {', '.join(_PRESETS)}")
         return cls(**{**_PRESETS[name], **overrides})
@@ -67,9 +98,9 @@ class LlamaConfig:
         return self.dim // self.n_heads
 
 
-def _linear(in_features: int, out_features: int) -> nn.Linear:
+def _linear(in_features: int, out_features: int, **where: Any) -> nn.Linear:
     # skip_init allocates without running nn.Linear's default init, which would consume the global RNG.
-    return torch.nn.utils.skip_init(nn.Linear, in_features, out_features, bias=False)
+    return torch.nn.utils.skip_init(nn.Linear, in_features, out_features, bias=False, **where)
 
 
 def _rotate_half(x: Tensor) -> Tensor:
@@ -83,10 +114,10 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float = 1e-5) -> None:
+    def __init__(self, dim: int, eps: float = 1e-5, **where: Any) -> None:
         super().__init__()
         self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
+        self.weight = nn.Parameter(torch.ones(dim, **where))
 
     def forward(self, x: Tensor) -> Tensor:
         xf = x.float()
@@ -112,13 +143,13 @@ class KVCache(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, config: LlamaConfig) -> None:
+    def __init__(self, config: LlamaConfig, **where: Any) -> None:
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = config.n_heads, config.n_kv_heads, config.head_dim
-        self.wq = _linear(config.dim, config.n_heads * config.head_dim)
-        self.wk = _linear(config.dim, config.n_kv_heads * config.head_dim)
-        self.wv = _linear(config.dim, config.n_kv_heads * config.head_dim)
-        self.wo = _linear(config.n_heads * config.head_dim, config.dim)
+        self.wq = _linear(config.dim, config.n_heads * config.head_dim, **where)
+        self.wk = _linear(config.dim, config.n_kv_heads * config.head_dim, **where)
+        self.wv = _linear(config.dim, config.n_kv_heads * config.head_dim, **where)
+        self.wo = _linear(config.n_heads * config.head_dim, config.dim, **where)
         self.kv_cache: KVCache | None = None  # installed by TinyLlama.setup_caches
 
     def forward(self, x: Tensor, input_pos: Tensor, cos: Tensor, sin: Tensor, mask: Tensor) -> Tensor:
@@ -139,22 +170,23 @@ class Attention(nn.Module):
 class FeedForward(nn.Module):
     """SwiGLU: w2(silu(w1 x) * w3 x)."""
 
-    def __init__(self, dim: int, hidden_dim: int) -> None:
+    def __init__(self, dim: int, hidden_dim: int, **where: Any) -> None:
         super().__init__()
-        self.w1, self.w3, self.w2 = _linear(dim, hidden_dim), _linear(dim, hidden_dim), _linear(hidden_dim, dim)
+        self.w1, self.w3 = _linear(dim, hidden_dim, **where), _linear(dim, hidden_dim, **where)
+        self.w2 = _linear(hidden_dim, dim, **where)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
 class TransformerBlock(nn.Module):
-    def __init__(self, config: LlamaConfig) -> None:
+    def __init__(self, config: LlamaConfig, **where: Any) -> None:
         super().__init__()
         assert config.intermediate_size is not None  # resolved in LlamaConfig.__post_init__
-        self.attention_norm = RMSNorm(config.dim, config.norm_eps)
-        self.attention = Attention(config)
-        self.ffn_norm = RMSNorm(config.dim, config.norm_eps)
-        self.feed_forward = FeedForward(config.dim, config.intermediate_size)
+        self.attention_norm = RMSNorm(config.dim, config.norm_eps, **where)
+        self.attention = Attention(config, **where)
+        self.ffn_norm = RMSNorm(config.dim, config.norm_eps, **where)
+        self.feed_forward = FeedForward(config.dim, config.intermediate_size, **where)
 
     def forward(self, x: Tensor, input_pos: Tensor, cos: Tensor, sin: Tensor, mask: Tensor) -> Tensor:
         h = x + self.attention(self.attention_norm(x), input_pos, cos, sin, mask)
@@ -162,25 +194,44 @@ class TransformerBlock(nn.Module):
 
 
 class TinyLlama(nn.Module):
-    def __init__(self, config: LlamaConfig, seed: int = 0) -> None:
+    """The model, its weights drawn from N(0, 0.02) by a generator seeded with ``seed`` (norms 1).
+
+    ``device`` and ``dtype`` (default: the CPU, float32): where the parameters are made and drawn. Each weight is
+    drawn in float32 by a generator on ``device`` and cast, so on the CPU any dtype gives the float32 model cast;
+    another device's generator draws other numbers (no float32 copy of a large model on the host first). On
+    ``device="meta"`` nothing is drawn: shapes only (parameter counts of the large presets)."""
+
+    def __init__(
+        self,
+        config: LlamaConfig,
+        seed: int = 0,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
+        where = {"device": torch.device(device or "cpu"), "dtype": dtype or torch.float32}
         self.config = config
-        self.tok_embeddings = torch.nn.utils.skip_init(nn.Embedding, config.vocab_size, config.dim)
-        self.layers = nn.ModuleList(TransformerBlock(config) for _ in range(config.n_layers))
-        self.norm = RMSNorm(config.dim, config.norm_eps)
-        self.output = _linear(config.dim, config.vocab_size)  # untied from tok_embeddings
+        self.tok_embeddings = torch.nn.utils.skip_init(nn.Embedding, config.vocab_size, config.dim, **where)
+        self.layers = nn.ModuleList(TransformerBlock(config, **where) for _ in range(config.n_layers))
+        self.norm = RMSNorm(config.dim, config.norm_eps, **where)
+        self.output = _linear(config.dim, config.vocab_size, **where)
+        if config.tie_embeddings:  # one matrix: parameters() yields it once, as tok_embeddings.weight
+            self.output.weight = self.tok_embeddings.weight
         self.max_batch_size = 0
         self._caches_ready = False  # plain Python flag: checking it in forward does not break tracing
-        self._init_weights(seed)
+        self._init_weights(seed, where["device"])
 
     @torch.no_grad()
-    def _init_weights(self, seed: int) -> None:
-        generator = torch.Generator(device="cpu").manual_seed(seed)
+    def _init_weights(self, seed: int, device: torch.device) -> None:
+        if device.type == "meta":
+            return
+        generator = torch.Generator(device=device).manual_seed(seed)
         for param in self.parameters():  # registration order is fixed, so the result depends only on the seed
             if param.ndim == 1:  # RMSNorm weights
                 param.fill_(1.0)
             else:
-                param.copy_(torch.empty(param.shape).normal_(0.0, 0.02, generator=generator))
+                param.copy_(torch.empty(param.shape, device=device).normal_(0.0, 0.02, generator=generator))
 
     def setup_caches(
         self, max_batch_size: int, dtype: torch.dtype | None = None, device: torch.device | str | None = None

@@ -107,3 +107,49 @@ def test_compile_fullgraph_matches_eager() -> None:
         model.reset_caches()
         torch.testing.assert_close(compiled(*prefill), expected_prefill)
         torch.testing.assert_close(compiled(*decode), expected_decode)
+
+
+def test_1b_and_8b_presets_have_the_llama_shapes() -> None:
+    """Built on the meta device (shapes only): the parameter counts of Llama-3.2-1B and Llama-3.1-8B."""
+    one = LlamaConfig.preset("1b")
+    assert (one.dim, one.n_layers, one.n_heads, one.n_kv_heads, one.head_dim) == (2048, 16, 32, 8, 64)
+    assert (one.intermediate_size, one.vocab_size, one.tie_embeddings) == (8192, 128256, True)
+    eight = LlamaConfig.preset("8b")
+    assert (eight.dim, eight.n_layers, eight.n_heads, eight.n_kv_heads, eight.head_dim) == (4096, 32, 32, 8, 128)
+    assert (eight.intermediate_size, eight.vocab_size, eight.tie_embeddings) == (14336, 128256, False)
+    counts = {
+        name: sum(p.numel() for p in TinyLlama(LlamaConfig.preset(name), device="meta").parameters())
+        for name in ("1b", "8b")
+    }
+    assert counts == {"1b": 1_235_814_400, "8b": 8_030_261_248}
+
+
+def test_tied_embeddings_share_one_matrix() -> None:
+    config = LlamaConfig.preset("micro", tie_embeddings=True)
+    model = TinyLlama(config, seed=2)
+    assert model.output.weight is model.tok_embeddings.weight
+    names = [name for name, _ in model.named_parameters()]
+    assert "tok_embeddings.weight" in names and "output.weight" not in names
+    untied = TinyLlama(LlamaConfig.preset("micro"), seed=2)
+    assert untied.output.weight is not untied.tok_embeddings.weight
+    assert sum(p.numel() for p in untied.parameters()) - sum(p.numel() for p in model.parameters()) == 64 * 32
+    model.setup_caches(2)
+    tokens, input_pos = prefill_inputs(config, 2, 5)
+    with torch.no_grad():
+        logits = model(tokens, input_pos)
+        hidden = model.tok_embeddings(tokens)
+        for layer in model.layers:
+            hidden = layer(
+                hidden, input_pos, model.rope_cos[input_pos], model.rope_sin[input_pos], model.causal_mask[input_pos]
+            )
+    torch.testing.assert_close(logits, model.norm(hidden) @ model.tok_embeddings.weight.T)
+    with pytest.raises(ValueError, match="tie_embeddings=1: must be True or False"):
+        LlamaConfig(tie_embeddings=1)  # type: ignore[arg-type]
+
+
+def test_weights_made_in_a_dtype_are_the_float32_draw_cast() -> None:
+    config = LlamaConfig.preset("small")
+    cast = TinyLlama(config, seed=5).to(torch.bfloat16).state_dict()
+    made = TinyLlama(config, seed=5, device="cpu", dtype=torch.bfloat16).state_dict()
+    assert cast.keys() == made.keys()
+    assert all(made[k].dtype == torch.bfloat16 and torch.equal(made[k], cast[k]) for k in cast)
