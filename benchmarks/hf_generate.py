@@ -78,7 +78,9 @@ from rich.table import Table
 # installed airgraph elsewhere would be imported instead). The JSON records which one ran.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import airgraph
+from airgraph.bench import ties
 from airgraph.bench.results import environment, write_json
+from airgraph.bench.ties import TIE_TOLERANCE
 
 VARIANTS = ("eager", "torch.compile", "torch.compile reduce-overhead", "airgraph reduce-overhead")
 # Asked for by name only (--variants): airgraph reduce-overhead with reduce_overhead.input_copies = "in-graph" (the
@@ -96,6 +98,7 @@ PRESETS: dict[str, dict[str, Any]] = {
             "num_attention_heads": 8,
             "num_key_value_heads": 4,
             "vocab_size": 1000,
+            "tie_word_embeddings": False,
         },
         "prompt_len": 16,
         "new_tokens": 64,
@@ -110,10 +113,27 @@ PRESETS: dict[str, dict[str, Any]] = {
             "num_attention_heads": 32,
             "num_key_value_heads": 4,
             "vocab_size": 32000,
+            "tie_word_embeddings": False,
         },
         "prompt_len": 128,
         "new_tokens": 64,
         "rounds": 7,
+    },
+    # Llama-3.2-1B's shapes (as benchmarks/llm_roofline.py's 1b preset): the end-to-end figure users see (#33);
+    # on a GPU, run it with --dtypes bfloat16 --batches 1 (eager makes 256 tokens at HF's eager pace per call).
+    "1b": {
+        "model": {
+            "hidden_size": 2048,
+            "intermediate_size": 8192,
+            "num_hidden_layers": 16,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "vocab_size": 128256,
+            "tie_word_embeddings": True,
+        },
+        "prompt_len": 128,
+        "new_tokens": 256,
+        "rounds": 5,
     },
 }
 
@@ -155,7 +175,6 @@ def build_model(preset: dict[str, Any], max_len: int, seed: int, device: torch.d
         bos_token_id=1,
         eos_token_id=None,  # greedy decoding of random weights may pick any token: never stop early
         pad_token_id=0,
-        tie_word_embeddings=False,
         attn_implementation="sdpa",
     )
     torch.manual_seed(seed)
@@ -294,22 +313,14 @@ def check_tokens(case: Case, out: torch.Tensor) -> None:
         case.mismatch_tokens = out
 
 
-# A chosen token is a rounding tie when eager's logit for it is within this of eager's top logit, as a fraction of
-# max(1, |top logit|): about 4 units in the last place of bfloat16 (8 significant bits); float32 gets far less.
-TIE_TOLERANCE = {"float32": 1e-4, "bfloat16": 2**-5}
-
-
 def teacher_forced_margins(model: Any, sequences: torch.Tensor, prompt_len: int) -> torch.Tensor:
     """For each generated token: eager's top logit minus eager's logit for that token, both from one eager forward
     over the whole sequence (so each token is judged on the prefix the variant itself had), as a fraction of
     max(1, |top logit|). 0 where the token is eager's greedy choice."""
     device = next(model.parameters()).device
     with torch.no_grad():
-        logits = model(input_ids=sequences[:, :-1].to(device), use_cache=False).logits.float().cpu()
-    logits = logits[:, prompt_len - 1 :]
-    top = logits.max(dim=-1).values
-    picked = logits.gather(-1, sequences[:, prompt_len:, None]).squeeze(-1)
-    return (top - picked) / top.abs().clamp(min=1.0)
+        logits = model(input_ids=sequences[:, :-1].to(device), use_cache=False).logits
+    return ties.margins(logits, sequences, prompt_len)
 
 
 def diagnose(case: Case, eager: Case, inputs: dict[str, torch.Tensor], prompt_len: int) -> None:
@@ -350,19 +361,10 @@ def diagnose(case: Case, eager: Case, inputs: dict[str, torch.Tensor], prompt_le
         )
     else:
         mismatch["first_step"] = None  # generated again with output_logits, the tokens matched
-    tolerance = TIE_TOLERANCE[case.dtype]
-    worst = float(margins.max())
+    judged = ties.judge(margins, case.dtype)
+    verdict = judged.pop("verdict")
     mismatch.update(
-        {
-            "teacher_forced": {
-                "max_margin": round(worst, 6),
-                "tokens_not_eager_argmax": int((margins > 0).sum()),
-                "tokens_past_tolerance": int((margins > tolerance).sum()),
-                "tolerance": tolerance,
-                "eager_own_max_margin": round(float(own.max()), 6),
-            },
-            "verdict": "rounding tie" if worst <= tolerance else "wrong",
-        }
+        {"teacher_forced": {**judged, "eager_own_max_margin": round(float(own.max()), 6)}, "verdict": verdict}
     )
 
 
