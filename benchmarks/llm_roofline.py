@@ -68,12 +68,21 @@ class Variant:
     fast_path: bool = False  # airgraph.compile(..., fast_path=True)
     opt_in: bool = False  # not what airgraph does by default
 
+    def airgraph_mode(self) -> str | None:
+        if self.compiler != "airgraph":
+            return None
+        try:
+            return airgraph_config(self).mode
+        except (ValueError, AttributeError):  # a config airgraph refuses: the variant's row says why it failed
+            return None
+
     def describe(self) -> dict[str, Any]:
         return {
             "variant": self.name,
             "compiler": self.compiler,
             "mode": self.mode,
             "config": self.config,
+            "airgraph_mode": self.airgraph_mode(),
             "fast_path": self.fast_path,
             "opt_in": self.opt_in,
         }
@@ -769,6 +778,7 @@ def main(argv: list[str] | None = None) -> int:
                 except Exception as exc:
                     case.judged.append({"verdict": "wrong", "judging_error": failure(exc, "judging")})
                 log(f"batch {batch} {case.variant.name}: tokens differ from eager's: {case.judged}")
+        write(complete=False)
     if args.profile:  # last: the profiler leaves CUPTI loaded, and host costs grow after it
         for group in groups:
             for case in group.cases:

@@ -101,6 +101,8 @@ def test_command_line_defaults_on_the_cpu():
     every = roofline.parse_args(["--device", "cpu"]).variants
     assert [v.name for v in every] == [v.name for v in roofline.VARIANTS]
     assert [v.name for v in every if v.opt_in] == ["airgraph fast path"]
+    modes = [v.airgraph_mode() for v in every]  # airgraph's default configuration is max-autotune
+    assert modes == [None, None, None, "max-autotune", "reduce-overhead", "reduce-overhead"]
 
 
 def test_a_failing_variant_is_kept_in_its_row_and_the_run_goes_on(tmp_path, monkeypatch):
