@@ -2,16 +2,21 @@
 # Everything a GPU session runs, in one device call: the CUDA tests, then the GPU benchmarks, each writing its
 # benchmarks/results/*_cuda.json.
 #
-#   bash benchmarks/gpu_checklist.sh [OUT] [quick|tests|bench|all|followup]
+#   bash benchmarks/gpu_checklist.sh [OUT] [quick|roofline|tests|bench|all|followup]
 #
-# quick (the default) fits a 15-minute lease with a minute or two to start the machine: one call that BUDGET bounds
-# (the CUDA tests, then the decode benchmark on both presets twice: a figure from one run is a sample; the second
-# runs write llama_decode_{tiny,small}_cuda_run2.json), run with the device tool's timeout_s=600; BUDGET (seconds,
-# default 560) is when quick mode must be done: a decode run gets at most what is left, and none under 100 s. all
-# adds the rest of the suite, the multistream and host-placement benchmarks and HF generate at batches 1 and 8
-# (about 30 minutes: several calls, `tests` then `bench`). followup, a second call after quick on the same lease: HF
-# generate at batch 8, then at batch 1 with in-graph input copies beside airgraph's default and torch.compile
-# reduce-overhead (hf_generate_batch8_cuda.json, hf_generate_in_graph_cuda.json), in BUDGET.
+# quick (the default) fits a 15-minute lease with a minute or two to start the machine: one call that BUDGET bounds,
+# run with the device tool's timeout_s=600; BUDGET (seconds, default 560) is when quick mode must be done. First the
+# LLM roofline (#33, benchmarks/llm_roofline.py, bf16, all into llm_roofline_cuda.json, logged into the one file
+# OUT/llm_roofline.log): 1b at batch 1 (eager, torch.compile reduce-overhead, airgraph reduce-overhead, airgraph
+# default), 1b at batch 8, the other variants at both, then 8b at batch 1; each a process of its own with a time
+# limit, skipped when too little of BUDGET is left. Then, as BUDGET allows, the CUDA tests and the decode benchmark
+# on both presets twice (a figure from one run is a sample; the second runs write
+# llama_decode_{tiny,small}_cuda_run2.json), each run getting at most what is left and none under 100 s. roofline:
+# the roofline steps alone. all adds the rest of the suite, the multistream and host-placement benchmarks and HF
+# generate at batches 1 and 8 (about 40 minutes: several calls, `tests` then `bench`). followup, a second call on the
+# same lease: HF generate on the 1b preset (bf16, batch 1: hf_generate_1b_cuda.json), at batch 8, then at batch 1
+# with in-graph input copies beside airgraph's default and torch.compile reduce-overhead
+# (hf_generate_batch8_cuda.json, hf_generate_in_graph_cuda.json), in BUDGET.
 #
 # The device tool returns at most 8 files from OUT, and nothing written after it kills a call: after every step the
 # logs and the result files written so far are packed again into OUT/gpu-run.tgz, and OUT/summary.txt (also
@@ -46,6 +51,28 @@ step() {  # step NAME SECONDS COMMAND...: run it with a time limit, log to gpu-r
     echo "$name rc=$? at $(($(date +%s) - start)) s" | tee -a "$out/summary.txt"
     pack
 }
+budget_left() { echo $((budget - ($(date +%s) - start))); }
+# roofline NAME SECONDS LEAST ARGS...: benchmarks/llm_roofline.py on CUDA with ARGS, added (--append) to
+# llm_roofline_cuda.json, logged into the one file OUT/llm_roofline.log; outside `all`, at most what is left of
+# BUDGET, and skipped under LEAST seconds. Each call writes its rows after every variant and round, so one cut
+# short keeps what it measured.
+roofline() {
+    local name=$1 limit=$2 least=$3 now
+    shift 3
+    now=$(budget_left)
+    if [[ "$what" != all ]] && ((now < least)); then
+        echo "$name skipped: ${now} s left of the ${budget} s budget" | tee -a "$out/summary.txt"
+        return
+    fi
+    [[ "$what" != all ]] && ((now < limit)) && limit=$now
+    echo "== $name: llm_roofline.py $* (limit ${limit} s, at $(($(date +%s) - start)) s)" >>"$out/llm_roofline.log"
+    timeout -k 10 "$limit" $py benchmarks/llm_roofline.py --device cuda --append \
+        --output benchmarks/results/llm_roofline_cuda.json "$@" >>"$out/llm_roofline.log" 2>&1
+    echo "$name rc=$? at $(($(date +%s) - start)) s" | tee -a "$out/summary.txt"
+    cp benchmarks/results/llm_roofline_cuda.json "$out/" 2>/dev/null
+    cp "$out/llm_roofline.log" "$logs/"
+    pack
+}
 if make setup PYTHON="${PYTHON:-python3}" >"$logs/setup.log" 2>&1; then
     py=.venv/bin/python
 else
@@ -57,21 +84,44 @@ fi
 pack
 
 if [[ "$what" == followup ]]; then
-    step hf_generate-batch8 $((budget / 2)) $py benchmarks/hf_generate.py --device cuda --preset gpu --accept-ties \
-        --batches 8 --output benchmarks/results/hf_generate_batch8_cuda.json
-    left=$((budget - ($(date +%s) - start)))
-    if ((left >= 90)); then
-        step hf_generate-in-graph "$left" $py benchmarks/hf_generate.py --device cuda --preset gpu --accept-ties \
+    # HF generate on Llama-3.2-1B's shapes (#33's end-to-end target): bf16, batch 1, 256 new tokens
+    step hf_generate-1b $((budget / 2)) $py benchmarks/hf_generate.py --device cuda --preset 1b --accept-ties \
+        --dtypes bfloat16 --batches 1 --output benchmarks/results/hf_generate_1b_cuda.json
+    now=$(budget_left)
+    if ((now >= 90)); then
+        step hf_generate-batch8 $((now < budget / 2 ? now : budget / 2)) $py benchmarks/hf_generate.py --device cuda \
+            --preset gpu --accept-ties --batches 8 --output benchmarks/results/hf_generate_batch8_cuda.json
+    else
+        echo "hf_generate-batch8 skipped: ${now} s left of the ${budget} s budget" | tee -a "$out/summary.txt"
+    fi
+    now=$(budget_left)
+    if ((now >= 90)); then
+        step hf_generate-in-graph "$now" $py benchmarks/hf_generate.py --device cuda --preset gpu --accept-ties \
             --batches 1 --output benchmarks/results/hf_generate_in_graph_cuda.json \
             --variants "torch.compile reduce-overhead,airgraph reduce-overhead,airgraph in-graph input copies"
     else
-        echo "hf_generate-in-graph skipped: ${left} s left of the ${budget} s budget" | tee -a "$out/summary.txt"
+        echo "hf_generate-in-graph skipped: ${now} s left of the ${budget} s budget" | tee -a "$out/summary.txt"
     fi
     pack
     exit 0
 fi
+if [[ "$what" != tests ]]; then
+    # The LLM roofline first (#33's GPU time): 1b at batch 1, then batch 8, then the other variants, then 8b
+    core="eager,torch.compile reduce-overhead,airgraph reduce-overhead,airgraph default"
+    roofline llm_roofline-1b-batch1 300 90 --preset 1b --batch 1 --variants "$core" --profile
+    roofline llm_roofline-1b-batch8 300 90 --preset 1b --batch 8 --variants "$core"
+    roofline llm_roofline-1b-others 300 90 --preset 1b --batch 1 8 --variants "torch.compile default,airgraph fast path"
+    roofline llm_roofline-8b-batch1 360 150 --preset 8b --batch 1 --variants "$core"
+fi
+[[ "$what" == roofline ]] && exit 0
 if [[ "$what" != bench ]]; then
-    step test-cuda 200 $py -m pytest -q -n 8 -m cuda -p no:cacheprovider -rfE --tb=short
+    limit=200 now=$(budget_left)
+    [[ "$what" == quick ]] && ((now < limit)) && limit=$now
+    if [[ "$what" == quick ]] && ((now < 100)); then
+        echo "test-cuda skipped: ${now} s left of the ${budget} s budget" | tee -a "$out/summary.txt"
+    else
+        step test-cuda $limit $py -m pytest -q -n 8 -m cuda -p no:cacheprovider -rfE --tb=short
+    fi
     [[ "$what" == quick ]] || step test-not-cuda 900 $py -m pytest -q -n 12 -m "not cuda" -p no:cacheprovider -rfE
 fi
 if [[ "$what" != tests ]]; then
