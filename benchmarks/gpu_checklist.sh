@@ -2,7 +2,7 @@
 # Everything a GPU session runs, in one device call: the CUDA tests, then the GPU benchmarks, each writing its
 # benchmarks/results/*_cuda.json.
 #
-#   bash benchmarks/gpu_checklist.sh [OUT] [quick|roofline|tests|bench|all|followup]
+#   bash benchmarks/gpu_checklist.sh [OUT] [quick|roofline|cuda|tests|bench|all|followup]
 #
 # quick (the default) fits a 15-minute lease with a minute or two to start the machine: one call that BUDGET bounds,
 # run with the device tool's timeout_s=600; BUDGET (seconds, default 560) is when quick mode must be done. First the
@@ -12,11 +12,11 @@
 # limit, skipped when too little of BUDGET is left. Then, as BUDGET allows, the CUDA tests and the decode benchmark
 # on both presets twice (a figure from one run is a sample; the second runs write
 # llama_decode_{tiny,small}_cuda_run2.json), each run getting at most what is left and none under 100 s. roofline:
-# the roofline steps alone. all adds the rest of the suite, the multistream and host-placement benchmarks and HF
-# generate at batches 1 and 8 (about 40 minutes: several calls, `tests` then `bench`). followup, a second call on the
-# same lease: HF generate on the 1b preset (bf16, batch 1: hf_generate_1b_cuda.json), at batch 8, then at batch 1
-# with in-graph input copies beside airgraph's default and torch.compile reduce-overhead
-# (hf_generate_batch8_cuda.json, hf_generate_in_graph_cuda.json), in BUDGET.
+# the roofline steps alone; cuda: the rest of quick without them (a second call). all adds the rest of the suite,
+# the multistream and host-placement benchmarks and HF generate at batches 1 and 8 (about 40 minutes: several
+# calls, `tests` then `bench`). followup, a second call on the same lease: HF generate on the 1b preset (bf16,
+# batch 1: hf_generate_1b_cuda.json), at batch 8, then at batch 1 with in-graph input copies beside airgraph's
+# default and torch.compile reduce-overhead (hf_generate_batch8_cuda.json, hf_generate_in_graph_cuda.json), in BUDGET.
 #
 # The device tool returns at most 8 files from OUT, and nothing written after it kills a call: after every step the
 # logs and the result files written so far are packed again into OUT/gpu-run.tgz, and OUT/summary.txt (also
@@ -105,7 +105,7 @@ if [[ "$what" == followup ]]; then
     pack
     exit 0
 fi
-if [[ "$what" != tests ]]; then
+if [[ "$what" != tests && "$what" != cuda ]]; then
     # The LLM roofline first (#33's GPU time): 1b at batch 1, then batch 8, then the other variants, then 8b
     core="eager,torch.compile reduce-overhead,airgraph reduce-overhead,airgraph default"
     roofline llm_roofline-1b-batch1 300 90 --preset 1b --batch 1 --variants "$core" --profile
@@ -116,30 +116,31 @@ fi
 [[ "$what" == roofline ]] && exit 0
 if [[ "$what" != bench ]]; then
     limit=200 now=$(budget_left)
-    [[ "$what" == quick ]] && ((now < limit)) && limit=$now
-    if [[ "$what" == quick ]] && ((now < 100)); then
+    [[ "$what" == quick || "$what" == cuda ]] && ((now < limit)) && limit=$now
+    if [[ "$what" == quick || "$what" == cuda ]] && ((now < 100)); then
         echo "test-cuda skipped: ${now} s left of the ${budget} s budget" | tee -a "$out/summary.txt"
     else
         step test-cuda $limit $py -m pytest -q -n 8 -m cuda -p no:cacheprovider -rfE --tb=short
     fi
-    [[ "$what" == quick ]] || step test-not-cuda 900 $py -m pytest -q -n 12 -m "not cuda" -p no:cacheprovider -rfE
+    [[ "$what" == quick || "$what" == cuda ]] ||
+        step test-not-cuda 900 $py -m pytest -q -n 12 -m "not cuda" -p no:cacheprovider -rfE
 fi
 if [[ "$what" != tests ]]; then
     for run in 1 2; do
         suffix=$([[ $run == 2 ]] && echo _run2)
         for preset in tiny small; do
             limit=200 left=$((budget - ($(date +%s) - start)))
-            if [[ "$what" == quick ]] && ((left < 100)); then
+            if [[ "$what" == quick || "$what" == cuda ]] && ((left < 100)); then
                 echo "llama_decode-$preset$suffix skipped: ${left} s left of the ${budget} s budget" \
                     | tee -a "$out/summary.txt"
                 continue
             fi
-            [[ "$what" == quick ]] && ((left < limit)) && limit=$left
+            [[ "$what" == quick || "$what" == cuda ]] && ((left < limit)) && limit=$left
             step "llama_decode-$preset$suffix" $limit $py benchmarks/llama_decode.py --preset $preset \
                 --output benchmarks/results/llama_decode_${preset}_cuda$suffix.json
         done
     done
-    if [[ "$what" != quick ]]; then
+    if [[ "$what" != quick && "$what" != cuda ]]; then
         step multistream 420 $py benchmarks/multistream.py
         step host_placement 420 $py benchmarks/host_placement.py
         # HF generate, static cache (#19): a cold compile per compiled variant, batch and dtype; it writes partial
