@@ -685,6 +685,8 @@ def main(argv: list[str] | None = None) -> int:
     # rather than fall back to eager past it
     torch._dynamo.config.recompile_limit = 64
     torch._dynamo.config.fail_on_recompile_limit_hit = True
+    if args.profile and device.type == "cuda":  # CUPTI torn down under live CUDA graphs crashes (torch's workaround)
+        os.environ.setdefault("TEARDOWN_CUPTI", "0")
     dtype = DTYPES[args.dtype]
     max_seq_len = (args.prompt_len + args.new_tokens + 7) // 8 * 8  # as gpt-fast sizes its caches
     config = LlamaConfig.preset(args.preset, max_seq_len=max_seq_len)
