@@ -1,7 +1,7 @@
 """Benchmarks airgraph runs itself (``airgraph demo``, ``airgraph bench``) and helpers for the scripts under
 benchmarks/: decode.py (the tiny LLaMA decode step, every mode), streams.py (the two-branch multi-stream model),
-results.py (where a result was measured, and writing it). This module holds the settings the command line
-offers; it imports no torch.
+results.py (where a result was measured, and writing it), ties.py (token mismatches: rounding tie or wrong). This
+module holds the settings the command line offers; it imports no torch.
 """
 
 __all__ = ["CUDA_ONLY_MODES", "DEFAULT_STEPS", "DEFAULT_WARMUP", "DTYPE_NAMES", "MODES", "MODE_ALIASES"]
