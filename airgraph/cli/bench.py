@@ -59,7 +59,7 @@ def add_parsers(sub: Any, docs: dict[str, str]) -> None:
         choices=["max-autotune", "reduce-overhead"],
         help="two-branch only: the airgraph mode (default: %(default)s)",
     )
-    b.add_argument("--preset", default="tiny", help="model preset: tiny, small, micro (default: %(default)s)")
+    b.add_argument("--preset", default="tiny", help="model preset: tiny, small, micro, 1b, 8b (default: %(default)s)")
     b.add_argument("--batch", type=int, default=1, help="sequences per decode step (default: %(default)s)")
     b.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="timed steps (default: %(default)s)")
     b.add_argument("--warmup", type=int, default=DEFAULT_WARMUP, help="untimed steps (default: %(default)s)")

@@ -85,7 +85,7 @@ def add_target_options(
     prompt ``--seq-len`` long (export's name for it). Returns the group, for a command's own tiny-llama options."""
     parser.add_argument("target", metavar=metavar, help=target_help)
     llama = parser.add_argument_group("tiny-llama options")
-    llama.add_argument("--preset", default="tiny", help="tiny, small, micro (default: %(default)s)")
+    llama.add_argument("--preset", default="tiny", help="tiny, small, micro, 1b, 8b (default: %(default)s)")
     if decode:
         llama.add_argument("--phase", default="decode", choices=["decode", "prefill"])
     else:
