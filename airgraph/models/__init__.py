@@ -12,7 +12,9 @@ from airgraph.models.llama import (
     build_tiny_llama,
     decode_inputs,
     prefill_inputs,
+    write_rows,
 )
+from airgraph.models.serving import ServingDecode, build_serving_decode, mark_batch_dynamic, serving_decode_inputs
 
 __all__ = [
     "Attention",
@@ -20,11 +22,16 @@ __all__ = [
     "KVCache",
     "LlamaConfig",
     "RMSNorm",
+    "ServingDecode",
     "TinyLlama",
     "TransformerBlock",
     "TwoBranch",
+    "build_serving_decode",
     "build_tiny_llama",
     "decode_inputs",
+    "mark_batch_dynamic",
     "prefill_inputs",
+    "serving_decode_inputs",
     "two_branch_inputs",
+    "write_rows",
 ]

@@ -142,6 +142,14 @@ class KVCache(nn.Module):
         return k_out, v_out
 
 
+def write_rows(cache: Tensor, positions: Tensor, new: Tensor) -> Tensor:
+    """Write ``new`` [B, n_kv_heads, 1, head_dim] into ``cache`` [B, n_kv_heads, max_seq_len, head_dim] in place, row
+    ``b`` at position ``positions[b]`` ([B] int64), and return ``cache``. A scatter along the sequence dimension:
+    each batch row writes only its own cache row."""
+    index = positions.view(-1, 1, 1, 1).expand(new.shape)
+    return cache.scatter_(2, index, new.to(cache.dtype))
+
+
 class Attention(nn.Module):
     def __init__(self, config: LlamaConfig, **where: Any) -> None:
         super().__init__()
@@ -152,14 +160,29 @@ class Attention(nn.Module):
         self.wo = _linear(config.n_heads * config.head_dim, config.dim, **where)
         self.kv_cache: KVCache | None = None  # installed by TinyLlama.setup_caches
 
-    def forward(self, x: Tensor, input_pos: Tensor, cos: Tensor, sin: Tensor, mask: Tensor) -> Tensor:
-        assert self.kv_cache is not None, "call TinyLlama.setup_caches() first"
+    def forward(
+        self,
+        x: Tensor,
+        input_pos: Tensor,
+        cos: Tensor,
+        sin: Tensor,
+        mask: Tensor,
+        caches: tuple[Tensor, Tensor] | None = None,
+    ) -> Tensor:
+        """``caches``: None for this layer's KVCache, written at the positions ``input_pos`` [S]; or the caller's
+        (k_cache, v_cache) [B, n_kv_heads, max_seq_len, head_dim], one row per batch row, a one-token step written
+        at each row's position ``input_pos`` [B] (:func:`write_rows`). cos/sin and mask broadcast against
+        [B, heads, S, ...]."""
         bsz, seq_len, _ = x.shape
         q = self.wq(x).view(bsz, seq_len, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.wk(x).view(bsz, seq_len, self.n_kv_heads, self.head_dim).transpose(1, 2)
         v = self.wv(x).view(bsz, seq_len, self.n_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        k, v = self.kv_cache.update(input_pos, k, v)  # [B, n_kv_heads, max_seq_len, head_dim]
+        if caches is None:
+            assert self.kv_cache is not None, "call TinyLlama.setup_caches() first"
+            k, v = self.kv_cache.update(input_pos, k, v)  # [B, n_kv_heads, max_seq_len, head_dim]
+        else:
+            k, v = write_rows(caches[0], input_pos, k), write_rows(caches[1], input_pos, v)
         n_rep = self.n_heads // self.n_kv_heads
         k, v = k.repeat_interleave(n_rep, dim=1), v.repeat_interleave(n_rep, dim=1)
         attn_mask = mask.expand(bsz, self.n_heads, seq_len, mask.shape[-1])
@@ -188,8 +211,16 @@ class TransformerBlock(nn.Module):
         self.ffn_norm = RMSNorm(config.dim, config.norm_eps, **where)
         self.feed_forward = FeedForward(config.dim, config.intermediate_size, **where)
 
-    def forward(self, x: Tensor, input_pos: Tensor, cos: Tensor, sin: Tensor, mask: Tensor) -> Tensor:
-        h = x + self.attention(self.attention_norm(x), input_pos, cos, sin, mask)
+    def forward(
+        self,
+        x: Tensor,
+        input_pos: Tensor,
+        cos: Tensor,
+        sin: Tensor,
+        mask: Tensor,
+        caches: tuple[Tensor, Tensor] | None = None,
+    ) -> Tensor:
+        h = x + self.attention(self.attention_norm(x), input_pos, cos, sin, mask, caches)
         return h + self.feed_forward(self.ffn_norm(h))
 
 
