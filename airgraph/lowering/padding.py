@@ -43,6 +43,9 @@ class PadPlan:
     padded: tuple[tuple[int, int, int], ...]  # (input position, dim, k): that dim is k * batch
     sliced: tuple[tuple[int, int, int], ...]  # (output index, dim, k): sliced back to k * batch
     scalars: tuple[tuple[int, Any], ...]  # (output index, expression): a SymInt output, evaluated at the batch
+    # The smallest batch the graph is called with: Dynamo specializes a batch of 1 (and 0) into a graph of its
+    # own, so the symbol's range starts at 2 and a capture size below that would never replay.
+    smallest: int = 1
 
     def batch(self, args: list) -> int:
         """The real batch size of a call."""
@@ -101,7 +104,18 @@ def plan_padding(
                     sliced.append((index, d, k))
         elif isinstance(val, torch.SymInt) and _has(val, symbol):
             scalars.append((index, _expr(val)))
-    return PadPlan(symbol, dim, source, tuple(symints), tuple(padded), tuple(sliced), tuple(scalars))
+    smallest = _smallest(placeholders[source].meta["val"].shape[dim])
+    return PadPlan(symbol, dim, source, tuple(symints), tuple(padded), tuple(sliced), tuple(scalars), smallest)
+
+
+def _smallest(size: torch.SymInt) -> int:
+    """The lower bound of the batch symbol's range in its shape environment (1 when it has none)."""
+    shape_env = getattr(size.node, "shape_env", None)
+    try:
+        lower = shape_env.bound_sympy(size.node.expr).lower
+    except (AttributeError, TypeError):
+        return 1
+    return int(lower) if getattr(lower, "is_Integer", False) or isinstance(lower, int) else 1
 
 
 def _batch_symbol(
@@ -170,8 +184,8 @@ _REDUCTIONS = frozenset(
     {
         "sum", "mean", "amax", "amin", "argmax", "argmin", "prod", "var", "std", "var_mean", "std_mean",
         "logsumexp", "any", "all", "max", "min", "norm", "linalg_vector_norm", "_softmax", "_log_softmax",
-        "softmax", "log_softmax", "_softmax_backward_data", "_log_softmax_backward_data", "sort", "argsort",
-        "topk", "kthvalue", "median", "nanmedian", "mode", "cumsum", "cumprod", "cummax", "cummin",
+        "softmax", "log_softmax", "_safe_softmax", "_softmax_backward_data", "_log_softmax_backward_data", "sort",
+        "argsort", "topk", "kthvalue", "median", "nanmedian", "mode", "cumsum", "cumprod", "cummax", "cummin",
         "logcumsumexp", "flip", "roll",
     }
 )  # fmt: skip
@@ -183,6 +197,11 @@ _ALONG_DIM = frozenset(
         "select_scatter", "repeat_interleave", "chunk",
     }
 )  # fmt: skip
+# Of those, the ops that write values into ``self`` at positions given by an index tensor (scatter: an index per
+# element; index_*: one index per slice along ``dim``): checked by _places too.
+_PLACES = frozenset(
+    {"scatter", "scatter_add", "scatter_reduce", "index_add", "index_copy", "index_copy_", "index_fill", "index_reduce"}
+)
 _SIZE_ARGS = frozenset({"size", "stride", "end", "sizes"})  # arguments where the batch size is a size, not a value
 
 
@@ -202,14 +221,15 @@ def _mixes(node: torch.fx.Node, symbol: sympy.Symbol) -> str | None:
     reason = _value_use(node, target, symbol)
     if reason is not None:
         return f"{label} {reason}"
-    if torch.Tag.nondeterministic_seeded in target.tags:
+    attention = name.startswith("_scaled_dot_product") or name == "scaled_dot_product_attention"
+    if torch.Tag.nondeterministic_seeded in target.tags and not (attention and _no_dropout(node, target)):
         return f"{label} draws random numbers for the whole batch at once"
     if torch.Tag.pointwise in target.tags or name in _ELEMENTWISE:
         return None
     if name in _VIEWS:
         return _view(node, name, symbol, label)
     if name in _REDUCTIONS or name in _ALONG_DIM:
-        return _along(node, name, symbol, label)
+        return _along(node, name, symbol, label) or (_places(node, name, symbol, label) if name in _PLACES else None)
     if name in ("slice", "slice_scatter"):
         return _slice(node, name, symbol, label)
     if name in ("mm", "addmm", "bmm", "baddbmm", "_scaled_mm"):
@@ -232,7 +252,7 @@ def _mixes(node: torch.fx.Node, symbol: sympy.Symbol) -> str | None:
         if _bound(node, target)[names.index("training")]:
             return f"{label} is batch norm in training: its statistics are taken over the batch"
         return None
-    if name.startswith("_scaled_dot_product") or name == "scaled_dot_product_attention":
+    if attention:
         if any(d >= 2 for a in node.args[:3] for d in _rows(_val(a), symbol)):
             return f"{label} attends over the batch dimension"
         return None
@@ -312,6 +332,36 @@ def _along(node: torch.fx.Node, name: str, symbol: sympy.Symbol, label: str) -> 
         verb = "reduces or scans" if name in _REDUCTIONS else "picks or places"
         return f"{label} {verb} along the batch dimension"
     return None
+
+
+def _places(node: torch.fx.Node, name: str, symbol: sympy.Symbol, label: str) -> str | None:
+    """An op writing into ``self`` by an index (``dim`` is not the batch's: _along checked) keeps rows apart only if
+    each batch row writes into its own row: a scatter's index has the batch in ``self``'s batch dimensions (its
+    position outside ``dim`` is where it writes), and an index_* op's index or slices do not carry the batch (a
+    batch of indices would put the batch's rows into ``self``'s ``dim``: the slots of a cache of fixed size, where
+    a padded row would write over a real one)."""
+    args = _bound(node, node.target)
+    x, index = _val(args[0]), _val(args[2])
+    rows = _rows(x, symbol)
+    if name.startswith("scatter"):
+        if _rows(index, symbol) and _rows(index, symbol) != rows:
+            where = "a tensor of fixed size" if not rows else "other rows"
+            return f"{label} writes batch rows into {where}"
+        return None
+    dim = args[1] % x.dim()
+    sources = [v for v in map(_val, args[3:]) if isinstance(v, torch.Tensor)]
+    if _rows(index, symbol) or any(dim in _rows(v, symbol) for v in sources):
+        return f"{label} writes batch rows into a tensor of fixed size (by an index of the batch's rows)"
+    return None
+
+
+def _no_dropout(node: torch.fx.Node, target: torch._ops.OpOverload) -> bool:
+    """An attention op's ``dropout_p`` is 0: it draws no random numbers (it is tagged as random for dropout)."""
+    names = [a.name for a in target._schema.arguments]
+    if "dropout_p" not in names:
+        return False
+    dropout = _bound(node, target)[names.index("dropout_p")]
+    return isinstance(dropout, int | float) and dropout == 0
 
 
 def _slice(node: torch.fx.Node, name: str, symbol: sympy.Symbol, label: str) -> str | None:

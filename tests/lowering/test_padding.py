@@ -7,11 +7,21 @@ graph itself: a padded run sliced back must equal the unpadded one.
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 from torch._dynamo.backends.common import aot_autograd
 
 from airgraph.lowering.padding import PadPlan, PadRefusal, plan_padding
+from airgraph.models import (
+    KVCache,
+    build_serving_decode,
+    build_tiny_llama,
+    decode_inputs,
+    mark_batch_dynamic,
+    serving_decode_inputs,
+)
 
 THIS_FILE = __file__
 
@@ -151,3 +161,81 @@ def test_static_shapes_and_a_non_batch_dimension_have_no_plan():
     assert plan_padding(gm, dim=0) is None
     plan = plan_padding(gm, dim=1)
     assert isinstance(plan, PadPlan) and plan.padded == ((1, 1, 1),)
+
+
+def test_the_serving_decode_step_is_planned_and_padding_is_invisible():
+    """Caches that follow the batch, written at each row's own position (a scatter along the sequence): a padded
+    row writes only into a padded cache row, so the step is padded; Dynamo's batch starts at 2."""
+    step = build_serving_decode("micro")
+    tokens, positions = serving_decode_inputs(step.config, 3)
+    k, v = step.new_caches(3)
+    k[0].normal_(generator=torch.Generator().manual_seed(0))  # earlier positions the step attends to
+    mark_batch_dynamic(tokens, positions, k, v)
+    gm, inputs = aten_graph(step, tokens, positions, k, v)
+    plan = plan_padding(gm, dim=0)
+    assert isinstance(plan, PadPlan), plan
+    assert plan.smallest == 2
+    assert len(plan.padded) == 4  # tokens, positions and the two caches
+    with torch.no_grad():
+        want = gm(*[a.clone() if isinstance(a, torch.Tensor) else a for a in inputs])
+        got = run_padded(gm, plan, inputs, 8)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w)
+
+
+def test_tiny_llamas_max_batch_cache_is_refused_with_its_reason():
+    """TinyLlama's decode writes the first B rows of a cache made for the largest batch (as HF's StaticCache of
+    max_batch_size): a padded row would write into the row of another request."""
+    model = build_tiny_llama("micro", max_batch_size=8)
+    tokens, pos = decode_inputs(model.config, 3, 4)
+    refusal = plan_padding(aten_graph(model, tokens, pos)[0], dim=0)
+    assert isinstance(refusal, PadRefusal), refusal
+    assert "takes a batch of rows from a tensor of fixed size" in refusal.reason
+    assert refusal.source is not None and refusal.source.endswith(f"llama.py:{_line_of(KVCache.update, 'bsz]')}")
+
+
+def _line_of(function, text: str) -> int:
+    lines, first = inspect.getsourcelines(function)
+    return first + next(i for i, line in enumerate(lines) if text in line)
+
+
+CACHE = torch.zeros(8, 4)
+SLOTS = torch.zeros(8, 6)
+
+
+@pytest.mark.parametrize(
+    "fn, args",
+    [
+        (lambda x, slots: CACHE.index_copy_(0, slots, x) * 1, lambda: [torch.randn(3, 4), torch.tensor([5, 1, 2])]),
+        (lambda x, index: CACHE.scatter_(0, index, x) * 1, lambda: [torch.randn(3, 4), torch.zeros(3, 4).long()]),
+        (lambda x, index: SLOTS.scatter_(1, index, x) * 1, lambda: [torch.randn(3, 1), torch.zeros(3, 1).long()]),
+    ],
+    ids=["index_copy-slots", "scatter-rows", "scatter-along-other-dim"],
+)
+def test_batch_rows_written_by_index_into_a_tensor_of_fixed_size_are_refused(fn, args):
+    """A serving engine's slot mapping into a cache of fixed size: padded rows (slot 0) would write real slots."""
+    values = args()
+    torch._dynamo.mark_dynamic(values[1], 0)
+    refusal = plan_padding(aten_graph(fn, *values)[0], dim=0)
+    assert isinstance(refusal, PadRefusal), refusal
+    assert "writes batch rows into a tensor of fixed size" in refusal.reason
+    assert refusal.source is not None and refusal.source.startswith(f"{THIS_FILE}:")
+
+
+def _attend(q, dropout=0.0):
+    return torch.nn.functional.scaled_dot_product_attention(q, q, q, dropout_p=dropout)
+
+
+def test_attention_without_dropout_is_planned_with_dropout_or_over_the_batch_refused():
+    q = torch.randn(3, 2, 5, 4)
+    gm, inputs = aten_graph(_attend, q)
+    plan = plan_padding(gm, dim=0)
+    assert isinstance(plan, PadPlan), plan
+    with torch.no_grad():
+        torch.testing.assert_close(run_padded(gm, plan, inputs, 8)[0], gm(*inputs)[0])
+    torch._dynamo.reset()
+    refusal = plan_padding(aten_graph(lambda q: _attend(q, 0.5), q.clone())[0], dim=0)
+    assert isinstance(refusal, PadRefusal) and "draws random numbers" in refusal.reason
+    torch._dynamo.reset()
+    refusal = plan_padding(aten_graph(_attend, q.clone(), dynamic_dim=2)[0], dim=2)
+    assert isinstance(refusal, PadRefusal) and "attends over the batch dimension" in refusal.reason
