@@ -274,14 +274,17 @@ class AirgraphBackend:
             hand_out=job.kind == "inference",
             in_graph_copies=self.config.reduce_overhead.input_copies == "in-graph",
         )
-        if padding is None:
+        # sizes below the smallest batch the graph gets (Dynamo gives a batch of 1 a graph of its own) never replay
+        smallest = padding.smallest if padding is not None else None
+        sizes = [s for s in self.config.reduce_overhead.capture_sizes if smallest is not None and s >= smallest]
+        if not sizes:
             return capture
         values = self.config.reduce_overhead.pad_values
         fills = {i: values[name] for i, name in enumerate(job.arg_names) if name in values}
         return PaddedRun(
             capture,
             padding,
-            self.config.reduce_overhead.capture_sizes,
+            sizes,
             job.report,
             mutated_indices=mutated_indices,
             fills=fills,
@@ -299,7 +302,8 @@ class AirgraphBackend:
         dim = self.config.reduce_overhead.capture_dim
         padding = plan_padding(gm, dim=dim, static_indices=set(static))
         if padding is None:
-            warn_once(("capture_sizes", "static", dim), CAPTURE_SIZES_STATIC.format(dim=dim))
+            if not _batch_of_one(gm, dim, static):  # (Dynamo gives a batch of 1 a static graph of its own)
+                warn_once(("capture_sizes", "static", dim), CAPTURE_SIZES_STATIC.format(dim=dim))
         elif isinstance(padding, PadRefusal):
             job.report.padding_refused = padding.reason
             where = f" at {padding.source}" if padding.source else ""
@@ -346,6 +350,16 @@ CAPTURE_SIZES_TRAINING = (
     "airgraph: config.reduce_overhead.capture_sizes pads inference graphs only; training graphs are captured once "
     "per batch size"
 )
+
+
+def _batch_of_one(gm: torch.fx.GraphModule, dim: int, static: list[int]) -> bool:
+    """The graph's first batched input (not static, of rank above ``dim``) has size 1 (or 0) at ``dim``: Dynamo
+    specializes those sizes even where the batch is marked dynamic, so such a graph is no sign of static shapes."""
+    for i, p in enumerate(gm.graph.find_nodes(op="placeholder")):
+        val = p.meta.get("val")
+        if i not in static and isinstance(val, torch.Tensor) and val.dim() > dim:
+            return isinstance(val.shape[dim], int) and val.shape[dim] <= 1
+    return False
 
 
 def _argument_name(placeholder: torch.fx.Node) -> str | None:
