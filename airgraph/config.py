@@ -104,9 +104,10 @@ class ReduceOverheadConfig(OptionGroup):
     )
     capture_sizes = Option(
         (),
-        "Batch sizes to capture (TorchAir's graph_batch_sizes): a call's dynamic batch is padded up to the next "
-        "size and its outputs sliced back, so these graphs serve every batch up to the largest; empty: one graph per "
-        "batch size. Needs the batch dimension dynamic (torch.compile(dynamic=True) or torch._dynamo.mark_dynamic).",
+        "Batch sizes to capture (vLLM-Ascend's graph_batch_sizes, TorchAir's set_dim_gears): a call's dynamic batch "
+        "is padded up to the next size and its outputs sliced back, so these graphs serve every batch up to the "
+        "largest; empty: one graph per batch size. Needs the batch dimension dynamic (torch.compile(dynamic=True) or "
+        "torch._dynamo.mark_dynamic).",
         normalize=lambda value: _sizes(value),
         types=tuple,
         allowed="a list of ints >= 1",
