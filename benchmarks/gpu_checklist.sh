@@ -2,17 +2,20 @@
 # Everything a GPU session runs, in one device call: the CUDA tests, then the GPU benchmarks, each writing its
 # benchmarks/results/*_cuda.json.
 #
-#   bash benchmarks/gpu_checklist.sh [OUT] [quick|roofline|cuda|tests|bench|all|followup]
+#   bash benchmarks/gpu_checklist.sh [OUT] [quick|roofline|serving|cuda|tests|bench|all|followup]
 #
 # quick (the default) fits a 15-minute lease with a minute or two to start the machine: one call that BUDGET bounds,
 # run with the device tool's timeout_s=600; BUDGET (seconds, default 560) is when quick mode must be done. First the
 # LLM roofline (#33, benchmarks/llm_roofline.py, bf16, all into llm_roofline_cuda.json, logged into the one file
 # OUT/llm_roofline.log): 1b at batch 1 (eager, torch.compile reduce-overhead, airgraph reduce-overhead, airgraph
 # default), 1b at batch 8, the other variants at both, then 8b at batch 1; each a process of its own with a time
-# limit, skipped when too little of BUDGET is left. Then, as BUDGET allows, the CUDA tests and the decode benchmark
+# limit, skipped when too little of BUDGET is left. Then the serving benchmark (#34, benchmarks/serving_batches.py:
+# 1b, batches of 1..64 with and without capture sizes, serving_batches_cuda.json written after every variant) if
+# 150 s are left. Then, as BUDGET allows, the CUDA tests and the decode benchmark
 # on both presets twice (a figure from one run is a sample; the second runs write
 # llama_decode_{tiny,small}_cuda_run2.json), each run getting at most what is left and none under 100 s. roofline:
-# the roofline steps alone; cuda: the rest of quick without them (a second call). all adds the rest of the suite,
+# the roofline steps alone; serving: the serving benchmark alone, in BUDGET; cuda: the rest of quick without the
+# roofline and the serving benchmark (a second call). all adds the rest of the suite,
 # the multistream and host-placement benchmarks and HF generate at batches 1 and 8 (about 40 minutes: several
 # calls, `tests` then `bench`). followup, a second call on the same lease: HF generate on the 1b preset (bf16,
 # batch 1: hf_generate_1b_cuda.json), at batch 8, then at batch 1 with in-graph input copies beside airgraph's
@@ -105,7 +108,7 @@ if [[ "$what" == followup ]]; then
     pack
     exit 0
 fi
-if [[ "$what" != tests && "$what" != cuda ]]; then
+if [[ "$what" != tests && "$what" != cuda && "$what" != serving ]]; then
     # The LLM roofline first (#33's GPU time): 1b at batch 1, then batch 8, then the other variants, then 8b
     core="eager,torch.compile reduce-overhead,airgraph reduce-overhead,airgraph default"
     roofline llm_roofline-1b-batch1 300 90 --preset 1b --batch 1 --variants "$core" --profile
@@ -114,6 +117,19 @@ if [[ "$what" != tests && "$what" != cuda ]]; then
     roofline llm_roofline-8b-batch1 360 150 --preset 8b --batch 1 --variants "$core"
 fi
 [[ "$what" == roofline ]] && exit 0
+if [[ "$what" == quick || "$what" == serving || "$what" == bench || "$what" == all ]]; then
+    # The serving benchmark next (#34): its variants one after another (torch.compile's dynamic=False, a compile per
+    # batch size, last); outside `all`, at most what is left of BUDGET and skipped under 150 s
+    limit=570 now=$(budget_left)
+    if [[ "$what" != all ]] && ((now < 150)); then
+        echo "serving_batches skipped: ${now} s left of the ${budget} s budget" | tee -a "$out/summary.txt"
+    else
+        [[ "$what" != all ]] && ((now < limit)) && limit=$now
+        step serving_batches $limit $py benchmarks/serving_batches.py --device cuda --preset 1b \
+            --output benchmarks/results/serving_batches_cuda.json
+    fi
+fi
+[[ "$what" == serving ]] && exit 0
 if [[ "$what" != bench ]]; then
     limit=200 now=$(budget_left)
     [[ "$what" == quick || "$what" == cuda ]] && ((now < limit)) && limit=$now
