@@ -161,11 +161,15 @@ def run_variant(
         "graphs": counters["stats"]["unique_graphs"],
     }
     fn, backend, sim, mark = compiled(key, step, device_kind, settings["kernel_backend"])
+    if sim is not None:  # traced as CUDA tensors (runtime/simulated_device.py)
+        sim.to_device(step, *k_caches, *v_caches)
     rtol, atol = TOLERANCE[step.model.output.weight.dtype]
     per_call, checks, elapsed, first_100 = [], [], 0.0, None
     with counting_cuda_graphs() as captured, torch.no_grad():
         for i, b in enumerate(work.batches):
             args = (work.tokens[i], work.positions[i], [c[:b] for c in k_caches], [c[:b] for c in v_caches])
+            if sim is not None:
+                sim.to_device(args[0], args[1], *args[2], *args[3])
             if mark:
                 mark_batch_dynamic(*args)
             if i in work.checks:  # eager on copies of the call's rows, before the compiled call (not timed)

@@ -111,13 +111,15 @@ SERVING_SIZES = [1, 2, 4, 8]
 
 
 def test_a_padded_serving_decode_over_several_steps_equals_eager():
-    """A serving engine's decode step (caches that follow the batch, written at each row's position): random
-    batches of the same requests over several steps, padded, give eager's logits and caches every step; every
-    graph recorded is one of the capture sizes (a batch of 1 is Dynamo's own static graph: size 1)."""
+    """A serving engine's decode step (caches that follow the batch, written at each row's position), traced as
+    CUDA on the simulated device: random batches of the same requests over several steps, padded, give eager's
+    logits and caches every step; every graph recorded is one of the capture sizes (a batch of 1 is Dynamo's own
+    static graph: size 1)."""
     step = build_serving_decode("micro")
     run, backend, sim = compiled(step, SERVING_SIZES, dynamic=None)
     eager_k, eager_v = step.new_caches(8)
     k, v = step.new_caches(8)
+    sim.to_device(step, *k, *v)
     positions = torch.randint(0, 20, (8,), generator=torch.Generator().manual_seed(1))  # each request's own
     rng = random.Random(0)
     with torch.no_grad():
@@ -126,6 +128,7 @@ def test_a_padded_serving_decode_over_several_steps_equals_eager():
             tokens = torch.randint(0, step.config.vocab_size, (batch, 1), generator=torch.Generator().manual_seed(t))
             rows = [c[:batch] for c in (*k, *v)]
             args = (tokens, positions[:batch].clone(), rows[:1], rows[1:])
+            sim.to_device(args[0], args[1], *rows)
             mark_batch_dynamic(*args)
             with sim.call():
                 logits = run(*args).clone()  # (the replay's output let go before the next call)
@@ -136,6 +139,7 @@ def test_a_padded_serving_decode_over_several_steps_equals_eager():
             positions[:batch] += 1
     sim.check()
     (padded,) = [r for r in backend.reports if r.capture_sizes]
+    assert padded.device == "cuda:0"
     assert padded.capture_sizes == [2, 4, 8] and padded.padded_calls > 0  # a batch of 1 never reaches this graph
     assert sum(r.capture_keys for r in backend.reports) <= len(SERVING_SIZES)
 
