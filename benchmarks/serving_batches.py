@@ -46,19 +46,11 @@ from airgraph.runtime.simulated import SimulatedCuda
 
 CAPTURE_SIZES = [1, 2, 4, 8, 16, 24, 32, 48, 64]
 MAX_BATCH = 64
-# The roofline issue's 1b preset (a LLaMA-3.2-1B shape); cache length ``max_len``.
+# LlamaConfig's presets (1b: Llama-3.2-1B's shapes, the roofline issue's), with the caches' length ``max_len``.
 PRESETS: dict[str, dict[str, Any]] = {
-    "small": {"config": {"preset": "small"}, "max_len": 64, "dtype": "float32", "kernel_backend": "aten"},
-    "1b": {
-        "config": {
-            "vocab_size": 128256, "dim": 2048, "n_layers": 16, "n_heads": 32, "n_kv_heads": 8,
-            "intermediate_size": 8192, "rope_base": 500000.0,
-        },
-        "max_len": 256,
-        "dtype": "bfloat16",
-        "kernel_backend": "inductor",
-    },
-}  # fmt: skip
+    "small": {"max_len": 64, "dtype": "float32", "kernel_backend": "aten"},
+    "1b": {"max_len": 256, "dtype": "bfloat16", "kernel_backend": "inductor"},
+}
 # In the order they run; dynamic=False last: it compiles a graph per size (up to recompile_limit), the longest on a
 # GPU, and a run cut short keeps the others (written after every variant).
 VARIANTS = {
@@ -293,7 +285,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.device == "cuda" and not has_cuda:
         parser.error("--device cuda: CUDA is not available here")
-    preset = PRESETS[args.preset or ("1b" if args.device == "cuda" else "small")]
+    preset_name = args.preset or ("1b" if args.device == "cuda" else "small")
+    preset = PRESETS[preset_name]
     calls = args.calls or (1000 if args.device == "cuda" else 120)
     keys = args.variants.split(",") if args.variants else list(VARIANTS)
     if args.variants is None and args.device == "simulated-cuda":
@@ -303,17 +296,15 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"--variants: unknown {unknown}; known: {', '.join(VARIANTS)}")
     max_len = args.max_len or preset["max_len"]
-    fields = dict(preset["config"])
-    config = LlamaConfig.preset(fields.pop("preset"), max_seq_len=max_len) if "preset" in fields else None
-    config = config or LlamaConfig(**fields, max_seq_len=max_len)
+    config = LlamaConfig.preset(preset_name, max_seq_len=max_len)
     device = torch.device("cuda" if args.device == "cuda" else "cpu")
     dtype = getattr(torch, preset["dtype"])
     settings = {
         "device_kind": args.device,
-        "preset": args.preset or ("1b" if args.device == "cuda" else "small"),
+        "preset": preset_name,
         "model": {
             k: getattr(config, k)
-            for k in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "intermediate_size")
+            for k in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "intermediate_size", "tie_embeddings")
         },
         "max_len": max_len,
         "dtype": preset["dtype"],
