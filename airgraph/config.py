@@ -78,6 +78,11 @@ class PassesConfig(OptionGroup):
         "Run tiny ops on host data (shape arithmetic, position ids, ...) on the CPU instead of the GPU; see "
         "host_placement.max_elements.",
     )
+    concat_linear = Option(
+        True,
+        "Matmuls of one input by constant weights (q/k/v, gate/up projections; with frozen_parameters) become one "
+        "matmul over the weights concatenated, then split.",
+    )
 
 
 class HostPlacementConfig(OptionGroup):
@@ -345,6 +350,14 @@ class CompilerConfig(OptionGroup):
         "ATen calls (fast to compile).",
         choices=_kernel_backends,
         env="AIRGRAPH_KERNEL_BACKEND",
+    )
+    frozen_parameters = Option(
+        False,
+        "Inference graphs hold the model's parameters (nn.Parameter, not updated by the graph) as constants, so the "
+        "compile may lay them out anew (concat_linear); the graph keeps the values it was compiled with: change "
+        "weights in place before compiling, or call torch.compiler.reset() after (TorchAir's "
+        "experimental_config.frozen_parameter).",
+        env="AIRGRAPH_FROZEN_PARAMETERS",
     )
     debug = DebugConfig
     passes = PassesConfig

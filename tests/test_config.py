@@ -16,10 +16,12 @@ def test_defaults_and_readable_forms():
     assert as_dict["mode"] == "max-autotune"
     assert as_dict["passes"] == {
         "streams": True,
+        "concat_linear": True,
         "host_placement": True,
         "dead_code_elimination": True,
         "remove_noops": True,
     }
+    assert config.frozen_parameters is False
     assert as_dict["export"]["experimental"]["enable_record_nn_module_stack"] is False
     text = repr(config)
     assert "mode = 'max-autotune'" in text and "reduce_overhead:" in text and "capture_limit = 64" in text
