@@ -37,6 +37,7 @@ from airgraph.kernels.static import StaticKernels
 from airgraph.log import warn_once
 from airgraph.lowering import aot, inductor_passes
 from airgraph.lowering.capture_plan import CapturePlan, plan_capture
+from airgraph.lowering.freeze import Parameter, freeze_parameters, parameter_inputs
 from airgraph.lowering.host_split import split_host_work
 from airgraph.lowering.layouts import Layouts
 from airgraph.lowering.lower import lower_segments
@@ -112,7 +113,11 @@ class AirgraphBackend:
                 self.reports.append(warm_report(warm.num_nodes, warm.source, self.config.mode, dynamo_graph))
                 return Direct(warm, "inference") if self.direct else warm
         names = tuple(_argument_name(p) for p in gm.graph.find_nodes(op="placeholder"))
-        compile_as = functools.partial(self.compile_graph, dynamo_graph=dynamo_graph, arg_names=names)
+        # config.frozen_parameters: the module parameters among the inputs, with their real values (lowering/freeze.py)
+        params = parameter_inputs(gm, example_inputs) if self.config.frozen_parameters else ()
+        compile_as = functools.partial(
+            self.compile_graph, dynamo_graph=dynamo_graph, arg_names=names, parameters=params
+        )
         if self.config.kernel_backend == "inductor":
             from torch._inductor import config as inductor_config
             from torch._inductor.decomposition import select_decomp_table
@@ -151,10 +156,12 @@ class AirgraphBackend:
         kind: str,
         dynamo_graph: int = 0,
         arg_names: tuple[str | None, ...] = (),
+        parameters: tuple[Parameter | None, ...] = (),
     ) -> Callable[[list], Any]:
         """One ATen graph: passes -> capture plan -> host split -> partition -> choose and lower -> executor ->
         capture (module docstring); its report is appended to ``self.reports``. ``arg_names``: the forward's
-        argument name behind each input, where Dynamo knows it (capture sizes' pad values)."""
+        argument name behind each input, where Dynamo knows it (capture sizes' pad values); ``parameters``: the
+        module parameter behind each input, with config.frozen_parameters (lowering/freeze.py)."""
         start = time.perf_counter()
         device = graph_device(gm, example_inputs)
         job = _Job(
@@ -170,6 +177,7 @@ class AirgraphBackend:
         placeholders = gm.graph.find_nodes(op="placeholder")
         layouts = Layouts(placeholders, example_inputs)  # the strides values really have (lowering/layouts.py)
         outputs = list(gm.graph.find_nodes(op="output")[0].args[0])
+        frozen = self._freeze(job, gm, parameters) if parameters else []
         self._passes(job, gm, example_inputs)
         plan = self._plan_capture(job, gm)
         program = split_host_work(gm, plan.host, job.request) if plan.split and not self.plan_only else None
@@ -179,10 +187,19 @@ class AirgraphBackend:
         else:
             run = self._lower_and_execute(job, graph, program, segments, layouts, placeholders)
         layouts.report(outputs)
-        run = self._capture_or_observe(job, run, gm, graph, plan, segments)
+        run = self._capture_or_observe(job, run, gm, graph, plan, segments, frozen)
         finish_graph_report(job.report, gm, segments, start)
         self.reports.append(job.report)
         return Direct(run, kind) if self.direct and not self.plan_only else run
+
+    def _freeze(self, job: _Job, gm: torch.fx.GraphModule, parameters: tuple[Parameter | None, ...]) -> list[int]:
+        """config.frozen_parameters: the graph's unchanged parameters become constants (lowering/freeze.py); the
+        positions of their inputs, which the graph no longer reads."""
+        frozen, names, refused = freeze_parameters(
+            gm, parameters, kind=job.kind, static_kernels=self.config.static_kernels.enabled
+        )
+        job.report.frozen_parameters, job.report.frozen_refused = names, refused
+        return frozen
 
     def _passes(self, job: _Job, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> None:
         """The pass pipeline (airgraph/passes) edits and annotates ``gm`` in place."""
@@ -228,15 +245,17 @@ class AirgraphBackend:
         graph: torch.fx.GraphModule,
         plan: CapturePlan,
         segments: list[Segment],
+        frozen: list[int],
     ) -> Callable[[list], Any]:
         """In reduce-overhead, GraphCapture records and replays ``run``; otherwise the shape-key observers (static
-        kernels record shapes there) watch it. A planned graph is returned as it is."""
+        kernels record shapes there) watch it. A planned graph is returned as it is. ``frozen``: inputs the graph
+        does not read (frozen parameters)."""
         observer = self._observer(job.report, segments)
         if self.plan_only:
             return run
         if plan.capture:
             split = run if isinstance(run, HostSplit) else None
-            return self._capture(run, gm, job, plan, views_of_inputs(graph), split, observer)
+            return self._capture(run, gm, job, plan, views_of_inputs(graph), split, observer, frozen)
         if self.config.mode == "reduce-overhead" and not job.runtime.can_capture:
             _warn_uncaptured(job.device)
         return run if observer is None else ObservedRun(run, observer, _static_input_indices(job.kind))
@@ -250,9 +269,11 @@ class AirgraphBackend:
         input_views: dict[int, int],
         split: HostSplit | None,
         observer: ShapeKeyObserver | None,
+        frozen: list[int],
     ) -> Callable[[list], Any]:
         """GraphCapture records and replays ``run``, one graph per shape key; with capture sizes, behind a
-        PaddedRun that runs each batch at the next size (padding=None: unpadded, runtime/padding.py)."""
+        PaddedRun that runs each batch at the next size (padding=None: unpadded, runtime/padding.py). The
+        ``frozen`` inputs are static but unread: neither copied nor checked."""
         placeholders = gm.graph.find_nodes(op="placeholder")
         mutated = mutated_nodes(gm.graph)
         mutated_indices = [i for i, p in enumerate(placeholders) if p in mutated]
@@ -262,6 +283,7 @@ class AirgraphBackend:
             run,
             device=job.device,
             static_indices=static,
+            unread_indices=frozen,
             mutated_indices=mutated_indices,
             pool=self._pool,
             capture_limit=self.config.reduce_overhead.capture_limit,

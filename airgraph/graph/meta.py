@@ -5,6 +5,10 @@
 - ``node.meta["host_placement"]``: why a host node is there: ``ANCHOR`` (a value already on the host),
   ``MOVED`` (moved by the pass) or ``H2D`` (the copy to the device the pass inserted).
 - ``node.meta["segment"]``: the id of the segment the partitioner put the node in.
+
+And one mark on tensors: :func:`mark_frozen` on a constant made of frozen parameters (lowering/freeze.py,
+passes/concat_linear.py), the attribute torch's own freezing sets, which Inductor reads (its FX graph cache keys
+such a constant by its metadata, not its values, and a graph holding one is not cached with its weights).
 """
 
 from __future__ import annotations
@@ -23,7 +27,9 @@ __all__ = [
     "PLACEMENT",
     "SEGMENT",
     "STREAM",
+    "is_frozen",
     "is_non_blocking",
+    "mark_frozen",
     "on_host",
     "placement",
     "tensors",
@@ -40,6 +46,19 @@ aten, prims = torch.ops.aten, torch.ops.prims
 METADATA_OPS = frozenset(
     {aten.sym_size.int, aten.sym_stride.int, aten.sym_numel.default, aten.sym_storage_offset.default}
 )
+
+
+_FROZEN = "_is_frozen_param"  # torch._inductor.freezing_utils' name for it (torch 2.11 to 2.15)
+
+
+def mark_frozen(tensor: torch.Tensor) -> torch.Tensor:
+    """Mark ``tensor`` (a constant the graph module holds) as made of frozen parameters; returns it."""
+    setattr(tensor, _FROZEN, True)
+    return tensor
+
+
+def is_frozen(tensor: object) -> bool:
+    return bool(getattr(tensor, _FROZEN, False))
 
 
 def placement(node: torch.fx.Node) -> str:

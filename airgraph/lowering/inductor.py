@@ -20,6 +20,7 @@ from torch._guards import detect_fake_mode
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from airgraph.boxed import boxed
+from airgraph.graph.meta import is_frozen
 from airgraph.lowering import aot
 from airgraph.lowering.request import LowerRequest
 
@@ -36,9 +37,10 @@ def compile_inductor(request: LowerRequest) -> Callable[[list], Any]:
     # pass replaced them, which runs inside its own AOTAutograd (not airgraph's); ATen's draw the numbers eager
     # draws, in the same order, so dropout masks equal eager's.
     patches = {**request.options.get("inductor_config", {}), "triton.cudagraphs": False, "fallback_random": True}
-    with inductor_config.patch(patches), aot.donating(request.donated if kind == "backward" else None):
+    donated = request.donated if kind == "backward" else None
+    with inductor_config.patch(patches), aot.donating(donated), _constants_allowed(request):
         compiled = compile_fx_inner(
-            _decomposed(_copy(request.gm)),
+            _decomposed(_frozen_marked(_copy(request.gm))),
             request.example_inputs,
             is_inference=kind == "inference",
             is_backward=kind == "backward",
@@ -46,6 +48,32 @@ def compile_inductor(request: LowerRequest) -> Callable[[list], Any]:
             cpp_wrapper=bool(request.options.get("cpp_wrapper", False)),
         )
     return boxed(compiled)  # Inductor's compiled graphs take the boxed (list) calling convention
+
+
+def _frozen_marked(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """``gm``, marked as holding frozen parameters where it does (graph/meta.py: ``mark_frozen``), as torch's
+    freezing marks its graphs: Inductor's FX graph cache then neither keys it by the weights' values nor stores
+    them (``has_frozen_params``)."""
+    for node in gm.graph.find_nodes(op="get_attr"):
+        if is_frozen(getattr(gm, str(node.target), None)):
+            gm._has_frozen_params = True  # torch._inductor.freezing_utils.record_has_frozen_params
+            break
+    return gm
+
+
+@contextlib.contextmanager
+def _constants_allowed(request: LowerRequest) -> Any:
+    """A segment holding real constants (frozen parameters, lowering/freeze.py) is compiled with its fake mode taking
+    real tensors too, as torch's own freezing compiles (``compile_fx.fw_compiler_freezing``)."""
+    mode = detect_fake_mode(request.example_inputs)
+    if mode is None or not request.gm.graph.find_nodes(op="get_attr"):
+        yield
+        return
+    allow, mode.allow_non_fake_inputs = mode.allow_non_fake_inputs, True
+    try:
+        yield
+    finally:
+        mode.allow_non_fake_inputs = allow
 
 
 def _decomposed(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:

@@ -88,6 +88,10 @@ class GraphReport:
     # reduce-overhead with host work: host nodes computed once per shape key ("static"), before every replay
     # ("per_call"), and the host-to-device transfers that feed the CUDA graph ("transfers").
     host_prologue: dict[str, list[str]] = field(default_factory=dict)
+    # config.frozen_parameters: the parameters this graph holds as constants (Dynamo's names for them), and why
+    # it holds none when it refused ("training graph", "static kernels", ...; None otherwise).
+    frozen_parameters: list[str] = field(default_factory=list)
+    frozen_refused: str | None = None
     # Planned without running (airgraph.explain on fake inputs): nothing was lowered, run or captured.
     planned: bool = False
 

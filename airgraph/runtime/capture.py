@@ -65,6 +65,7 @@ class GraphCapture:
         observer: ShapeKeyObserver | None = None,
         hand_out: bool = True,
         in_graph_copies: bool = False,
+        unread_indices: Sequence[int] = (),
     ) -> None:
         """``input_views``: graph output position -> input position for outputs that are views of inputs (of the
         graph ``run`` executes: with ``host_split``, its device part's). ``host_split``: ``run`` is this HostSplit,
@@ -72,7 +73,9 @@ class GraphCapture:
         the first call's arguments (before they are used: static kernels record shapes there). ``hand_out``: outputs
         may go to the caller without a copy (inference graphs; a training step's outputs are saved for its backward,
         which holds them in ways that cannot be moved, so they are copied out). ``in_graph_copies``: the graphs fill
-        their input buffers themselves where the runtime can (``config.reduce_overhead.input_copies``)."""
+        their input buffers themselves where the runtime can (``config.reduce_overhead.input_copies``).
+        ``unread_indices``: static inputs the graph does not read (frozen parameters, held as constants): used in
+        place like the others, but their addresses are not checked before a replay."""
         boxed(self)  # AOTAutograd passes the inputs as one list
         self._run = run
         self._observer = observer
@@ -82,7 +85,7 @@ class GraphCapture:
         self._warmup_iters = warmup_iters
         self._report = report
         self._runtime = pool.runtime
-        static = sorted(set(static_indices))
+        static = sorted(set(static_indices) | set(unread_indices))
         self._static_set = frozenset(static)
         mutated = sorted(set(mutated_indices) - self._static_set)
         self._policy = RecapturePolicy(pool, static, mutated)
@@ -106,6 +109,7 @@ class GraphCapture:
             input_views=input_views or {},
             hand_out=hand_out,
             feed=feed,
+            unread=unread_indices,
         )
         self._replay = Replayer(
             device=device,

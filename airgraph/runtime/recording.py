@@ -53,11 +53,13 @@ class Recorder:
         input_views: dict[int, int],
         hand_out: bool,
         feed: bool,
+        unread: Sequence[int] = (),
     ) -> None:
         self._run, self._split, self._policy, self._report = run, split, policy, report
         self.device, self._pool, self._runtime = device, pool, pool.runtime
         self._mutated, self._input_views, self._hand_out = tuple(mutated), input_views, hand_out
         self.feed = feed  # in-graph input copies: on until they fail once
+        self._unread = frozenset(unread)  # static inputs the graph does not read: not checked before a replay
 
     def input_buffers(self, args: list) -> tuple[set[int], list[Any]]:
         """The inputs used in place (positions), and the recording's inputs: those, and for every other device
@@ -150,7 +152,7 @@ class Recorder:
         for i in sorted(static):
             if isinstance(static_args[i], torch.Tensor):
                 static_ptrs[i] = static_args[i].data_ptr()
-        static_checked = [i for i in sorted(static) if static_ptrs[i] is not None]
+        static_checked = [i for i in sorted(static) if static_ptrs[i] is not None and i not in self._unread]
         copy_indices = tuple(i for i in range(n) if static_args[i] is not args[i])
         fed_positions = tuple(i for i, _ in fed)
         launched = [i for i in copy_indices if i not in fed_positions]
