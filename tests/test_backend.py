@@ -238,12 +238,13 @@ def test_graph_dump_writes_one_file_per_pass(tmp_path):
     assert files == [
         "00_input.txt",
         "01_streams.txt",
-        "02_host_placement.txt",
-        "03_remove_noops.txt",
-        "04_dead_code_elimination.txt",
+        "02_concat_linear.txt",
+        "03_host_placement.txt",
+        "04_remove_noops.txt",
+        "05_dead_code_elimination.txt",
     ]
     before = (folder / "00_input.txt").read_text()
-    after = (folder / "03_remove_noops.txt").read_text()
+    after = (folder / "04_remove_noops.txt").read_text()
     assert "torch.ops.aten.view.default" in before and "torch.ops.aten.view.default" not in after
     assert "torch.ops.aten.sigmoid.default" in after
 

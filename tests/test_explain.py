@@ -24,6 +24,7 @@ def test_explain_report_has_the_documented_shape():
     assert all(set(p) >= PASS_KEYS for p in graph["passes"])
     assert [p["name"] for p in graph["passes"]] == [
         "streams",
+        "concat_linear",
         "host_placement",
         "remove_noops",
         "dead_code_elimination",

@@ -30,7 +30,13 @@ def trace(fn, *args) -> torch.fx.GraphModule:
 
 def test_every_pass_has_a_config_switch():
     switches = CompilerConfig().passes.as_dict()
-    assert [name for name, _ in PIPELINE] == ["streams", "host_placement", "remove_noops", "dead_code_elimination"]
+    assert [name for name, _ in PIPELINE] == [
+        "streams",
+        "concat_linear",
+        "host_placement",
+        "remove_noops",
+        "dead_code_elimination",
+    ]
     assert all(name in switches for name, _ in PIPELINE)
 
 
@@ -109,4 +115,4 @@ def test_pipeline_honours_switches_and_reports(tmp_path):
     by_name = {r.name: r for r in reports}
     assert by_name["dead_code_elimination"].enabled is False and by_name["dead_code_elimination"].changed == 0
     assert by_name["remove_noops"].changed == 1  # the view; "+ 0" is the graph output and stays
-    assert (tmp_path / "graph_0_inference" / "03_remove_noops.txt").exists()
+    assert (tmp_path / "graph_0_inference" / "04_remove_noops.txt").exists()
