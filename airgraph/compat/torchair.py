@@ -12,6 +12,7 @@ tng.dynamo_export(x, y, model=model, dynamic=False)  # export_file/export.onnx (
 with tng.scope.npu_stream_switch("1"):                # in-graph multi-stream
     tng.ops.npu_tagged_event_wait(event)
 
+config.experimental_config.frozen_parameter = True   # weights as constants: config.frozen_parameters
 config.experimental_config.aclgraph._aclnn_static_shape_kernel = True             # static kernels (airgraph/kernels):
 config.experimental_config.aclgraph._aclnn_static_shape_kernel_build_dir = "/path"  # config.static_kernels.*
 config.aoe_config.aoe_mode = "2"                      # tuning (AOE): "2" operators, "1" subgraphs
@@ -102,6 +103,17 @@ class _TorchAirExperimentalConfig(_ExperimentalConfig):
     def aclgraph(self) -> _AclGraph:
         root = object.__getattribute__(self, "_root")
         return _AclGraph(root, "experimental_config.aclgraph", _TorchAirExperimentalConfig.NAMES)
+
+    @property
+    def frozen_parameter(self) -> bool:
+        """TorchAir's ``experimental_config.frozen_parameter``: ``config.frozen_parameters`` (one value)."""
+        return object.__getattribute__(self, "_root").frozen_parameters
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "frozen_parameter":
+            object.__getattribute__(self, "_root").frozen_parameters = value
+            return
+        super().__setattr__(name, value)
 
 
 class _TorchAirDebugConfig(_DebugConfig):
