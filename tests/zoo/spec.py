@@ -22,10 +22,10 @@ import torch
 __all__ = ["MODES", "Refused", "Spec", "Xfail", "generator"]
 
 # The cases each model runs: inference with airgraph's default (Inductor kernels), with the aten kernel
-# backend, reduce-overhead on the CPU (uncaptured) and on the simulated CUDA runtime (captured), one
-# training step, training steps captured and replayed on the simulated runtime, and an export run in
-# onnxruntime.
-MODES = ("default", "aten", "reduce-overhead", "simulated", "train", "train-simulated", "export")
+# backend, reduce-overhead on the CPU (uncaptured) and on the simulated CUDA runtime (captured), inference with
+# frozen parameters (aten kernels), one training step, training steps captured and replayed on the simulated
+# runtime, and an export run in onnxruntime.
+MODES = ("default", "aten", "reduce-overhead", "simulated", "frozen", "train", "train-simulated", "export")
 
 
 @dataclass(frozen=True)

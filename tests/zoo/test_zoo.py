@@ -1,4 +1,5 @@
-"""The zoo: every model x {default, aten, reduce-overhead, simulated, train, train-simulated, export} vs eager.
+"""The zoo: every model x {default, aten, reduce-overhead, simulated, frozen, train, train-simulated, export} vs
+eager.
 
 Each case builds its model twice from the same seed (one runs eagerly, one compiled) and compiles with a
 fresh backend; the eager runs cost milliseconds, the compiles seconds, so nothing compiled is shared between
@@ -13,6 +14,8 @@ cases (each mode is its own compilation anyway). Tolerances: tests/zoo/compare.p
   Both reduce-overhead cases use the aten kernels: Inductor's kernels are the default and train cases' (and,
   captured, test_decode.py's), and an Inductor compile of the dynamic second shape costs 10-60 s per model
   with cold caches on a 2-core CPU, which the budget of `make test` cannot pay 20 times;
+- frozen: the aten case with config.frozen_parameters: the parameters become constants of each inference
+  graph and projections of one input (q/k/v, gate/up) one matmul (passes/concat_linear.py);
 - train: one step (loss, backward, SGD step), then the loss of the next step: loss, every gradient, every
   parameter and buffer after the step;
 - train-simulated: three steps in reduce-overhead on the simulated CUDA runtime (aten kernels): the forward
@@ -44,17 +47,24 @@ LR = 0.1
 CALLS = {
     "default": [(0, 0), (1, 0)],
     "aten": [(0, 0), (1, 0)],
+    "frozen": [(0, 0), (1, 0)],
     # (call, shape): shape 0 warms up, is recorded and replayed twice before shape 1 comes, so an output kept
     # from the first replay is there when the second one runs; then shape 1 (recompiled dynamically), and 0.
     "reduce-overhead": [(0, 0), (1, 0), (2, 0), (3, 1), (4, 1), (5, 1), (6, 0)],
 }
 CALLS["simulated"] = CALLS["reduce-overhead"]
+# The frozen case: per model, the groups of matmuls of one input made one matmul (2 layers: q/k/v per layer, the
+# decoders' gate/up; the k/v projections of the encoder's output in every decoder layer (T5, Whisper) are one group,
+# and Whisper's q/v (with biases) and k (without) are two).
+CONCATENATED = {"bert": 2, "t5": 5, "llama": 4, "mistral": 4, "qwen2": 4, "vit": 2, "whisper": 6, "wav2vec2": 2}
 
 
 def config_for(mode: str) -> airgraph.CompilerConfig:
     config = airgraph.CompilerConfig()
-    if mode in ("aten", "reduce-overhead", "simulated", "train-simulated"):
+    if mode in ("aten", "reduce-overhead", "simulated", "frozen", "train-simulated"):
         config.kernel_backend = "aten"
+    if mode == "frozen":
+        config.frozen_parameters = True
     if mode in ("reduce-overhead", "simulated", "train-simulated"):
         config.mode = "reduce-overhead"
     return config
@@ -68,7 +78,7 @@ def twins(spec: Spec, *, training: bool) -> tuple[torch.nn.Module, torch.nn.Modu
     return eager, model
 
 
-@pytest.mark.parametrize(("spec", "mode"), cases(("default", "aten", "reduce-overhead", "simulated")))
+@pytest.mark.parametrize(("spec", "mode"), cases(("default", "aten", "reduce-overhead", "simulated", "frozen")))
 def test_inference(spec: Spec, mode: str) -> None:
     eager, model = twins(spec, training=False)
     sim = SimulatedCuda() if mode == "simulated" else None
@@ -91,6 +101,12 @@ def test_inference(spec: Spec, mode: str) -> None:
     assert reports and all(r.kind == "inference" for r in reports)
     if mode == "reduce-overhead":
         assert all("this graph runs on cpu" in (r.uncaptured_reason or "") for r in reports)
+    if mode == "frozen":  # every parameter of the model frozen in some graph (none updated, no graph trains)
+        frozen = {name for r in reports for name in r.frozen_parameters}
+        assert len(frozen) == len(dict(model.named_parameters())), sorted(frozen)
+        assert not any(r.frozen_refused for r in reports)
+        groups = sum(p.changed for r in reports for p in r.passes if p.name == "concat_linear")
+        assert groups == CONCATENATED.get(spec.name, 0)
     if mode == "simulated":
         sim.check()  # no unordered accesses, early frees or unjoined streams
         captured = [r for r in reports if r.captured]
