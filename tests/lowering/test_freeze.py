@@ -249,3 +249,21 @@ def test_the_fast_path_replays_a_frozen_decode_step():
     assert step.routes == 1 and not step.refused and step.fast_calls == 3  # past the compiling and learning calls
     (report,) = step.backend.reports
     assert len(report.frozen_parameters) == 12 and _mms(report) == 5
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_frozen_decode_step_replays_on_a_gpu(dtype):
+    """Inductor's Triton kernels reading the concatenated weights and their column slices, recorded as a CUDA graph
+    and replayed through the fast path, against eager."""
+    eager = build_tiny_llama("tiny", device="cuda", dtype=dtype)
+    model = build_tiny_llama("tiny", device="cuda", dtype=dtype)
+    config = make_config(mode="reduce-overhead", frozen_parameters=True)
+    step = airgraph.compile(model, config, fast_path=True, fullgraph=True)
+    tolerance = {"atol": 1e-4, "rtol": 1e-4} if dtype == torch.float32 else {"atol": 5e-2, "rtol": 5e-2}
+    with torch.no_grad():
+        for pos in range(6):
+            inputs = decode_inputs(model.config, 1, pos, seed=pos, device="cuda")
+            torch.testing.assert_close(step(*inputs), eager(*inputs), **tolerance)
+    (report,) = step.backend.reports
+    assert report.captured and len(report.frozen_parameters) == 21 and _mms(report) == 9
