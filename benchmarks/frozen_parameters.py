@@ -1,10 +1,11 @@
 """The frozen-parameters lever (config.frozen_parameters, issue #33): the LLaMA decode step with it off and on.
 
 With the lever on, the step's parameters are constants of its graph and its q/k/v and gate/up projections are one
-matmul each (passes/concat_linear.py). Two models from one seed, each compiled once (the lever off, the lever on),
+matmul each (passes/concat_linear.py). Models from one seed, each compiled once (the lever off, the lever on),
 prefill a prompt eagerly, then decode the same tokens at the same positions; their steps are timed in interleaved
-blocks (off, on, off, on, ...), one call at a time, the device synchronized around each on CUDA. Per run: the
-median ms per step of each, and on / off. Every step's logits are checked against eager's.
+blocks (the variants' order turning from block to block), one call at a time, the device synchronized around each
+on CUDA; a third variant freezes without concatenating (``passes.concat_linear`` off). Per run: the median ms per
+step of each, and each / off. Every step's logits are checked against eager's.
 
     python benchmarks/frozen_parameters.py [--preset small] [--device cpu] [--dtype float32]
         [--mode max-autotune] [--fast-path] [--steps 200] [--runs 2] [--output PATH]
@@ -27,18 +28,21 @@ from airgraph.bench.decode import DTYPES, TOLERANCES
 from airgraph.bench.results import environment, write_json
 from airgraph.models import build_tiny_llama, prefill_inputs
 
-VARIANTS = ("frozen off", "frozen on")
+# (name, config.frozen_parameters, config.passes.concat_linear): the third separates what the constants alone do
+# from what the concatenation does
+VARIANTS = ("frozen off", "frozen on", "frozen on, no concat")
+OPTIONS = {"frozen off": (False, True), "frozen on": (True, True), "frozen on, no concat": (True, False)}
 MM = ("aten.mm.default", "aten.addmm.default")
 BLOCK = 10  # steps per interleaved block
 
 
-def _compiled(preset: str, device: torch.device, dtype: torch.dtype, args: argparse.Namespace, frozen: bool) -> tuple:
+def _compiled(preset: str, device: torch.device, dtype: torch.dtype, args: argparse.Namespace, variant: str) -> tuple:
     """(the model, its compiled step, the backend) for one variant."""
     model = build_tiny_llama(preset, device=device, dtype=dtype)
     config = airgraph.CompilerConfig()
     config.mode = args.mode
     config.kernel_backend = args.kernel_backend
-    config.frozen_parameters = frozen
+    config.frozen_parameters, config.passes.concat_linear = OPTIONS[variant]
     if args.fast_path:
         step = airgraph.compile(model, config, fast_path=True, fullgraph=True)
         return model, step, step.backend
@@ -59,7 +63,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     torch._dynamo.reset()
     eager = build_tiny_llama(args.preset, device=device, dtype=dtype)
-    steps = {v: _compiled(args.preset, device, dtype, args, v == "frozen on") for v in VARIANTS}
+    steps = {v: _compiled(args.preset, device, dtype, args, v) for v in VARIANTS}
     config = eager.config
     prompt = prefill_inputs(config, 1, args.prompt, device=device)
     generator = torch.Generator().manual_seed(1)
@@ -82,8 +86,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     m(*prompt)
             pos = torch.tensor([positions[i]], device=device)
             want = eager(tokens[i], pos)
-            # interleaved blocks: which variant goes first alternates from one block to the next
-            order = VARIANTS if (i // BLOCK) % 2 == 0 else VARIANTS[::-1]
+            # interleaved blocks: the variants' order turns from one block to the next
+            turn = (i // BLOCK) % len(VARIANTS)
+            order = VARIANTS[turn:] + VARIANTS[:turn]
             for variant in order:
                 step = steps[variant][1]
                 sync()
@@ -108,6 +113,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             tenth = len(chunk) // 10
             row[f"{variant} p10, p90"] = [round(chunk[tenth] * 1e3, 4), round(chunk[-1 - tenth] * 1e3, 4)]
         row["on / off"] = round(row["frozen on"] / row["frozen off"], 3)
+        row["on, no concat / off"] = round(row["frozen on, no concat"] / row["frozen off"], 3)
         runs.append(row)
     for variant in VARIANTS:
         reports = steps[variant][2].reports
