@@ -113,7 +113,7 @@ if [[ "$what" != tests && "$what" != cuda && "$what" != serving ]]; then
     core="eager,torch.compile reduce-overhead,airgraph reduce-overhead,airgraph default"
     roofline llm_roofline-1b-batch1 300 90 --preset 1b --batch 1 --variants "$core" --profile
     roofline llm_roofline-1b-batch8 300 90 --preset 1b --batch 8 --variants "$core"
-    roofline llm_roofline-1b-others 300 90 --preset 1b --batch 1 8 --variants "torch.compile default,airgraph fast path"
+    roofline llm_roofline-1b-others 300 90 --preset 1b --batch 1 8 --variants "torch.compile default,airgraph fast path,airgraph frozen parameters,airgraph in-graph input copies"
     roofline llm_roofline-8b-batch1 360 150 --preset 8b --batch 1 --variants "$core"
 fi
 [[ "$what" == roofline ]] && exit 0

@@ -95,6 +95,20 @@ VARIANTS = (
     Variant("airgraph default", "airgraph"),
     Variant("airgraph reduce-overhead", "airgraph", config={"mode": "reduce-overhead"}),
     Variant("airgraph fast path", "airgraph", config={"mode": "reduce-overhead"}, fast_path=True, opt_in=True),
+    # Levers of issue #33, each on top of airgraph reduce-overhead: weights as constants with q/k/v and gate/up
+    # each one GEMM (docs/modes.md, "Frozen parameters"); the inputs' copies recorded in the graph
+    Variant(
+        "airgraph frozen parameters",
+        "airgraph",
+        config={"mode": "reduce-overhead", "frozen_parameters": True},
+        opt_in=True,
+    ),
+    Variant(
+        "airgraph in-graph input copies",
+        "airgraph",
+        config={"mode": "reduce-overhead", "reduce_overhead": {"input_copies": "in-graph"}},
+        opt_in=True,
+    ),
 )
 BY_NAME = {v.name: v for v in VARIANTS}
 REFERENCE = "torch.compile reduce-overhead"

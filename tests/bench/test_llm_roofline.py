@@ -93,6 +93,10 @@ def test_bad_command_lines_name_the_problem_and_the_fix(capsys):
         assert "--device cuda: CUDA is not available here" in _error(capsys, ["--device", "cuda"])
 
 
+# The fast path and the levers of issue #33, each on top of airgraph reduce-overhead
+OPT_IN = ("airgraph fast path", "airgraph frozen parameters", "airgraph in-graph input copies")
+
+
 def test_command_line_defaults_on_the_cpu():
     args = roofline.parse_args(["--device", "cpu", "--batch", "8", "1", "8", "--variants", "airgraph fast path"])
     assert (args.preset, args.dtype, args.batch) == ("tiny", "float32", [8, 1])
@@ -100,9 +104,9 @@ def test_command_line_defaults_on_the_cpu():
     assert [v.opt_in for v in args.variants] == [False, True]
     every = roofline.parse_args(["--device", "cpu"]).variants
     assert [v.name for v in every] == [v.name for v in roofline.VARIANTS]
-    assert [v.name for v in every if v.opt_in] == ["airgraph fast path"]
+    assert [v.name for v in every if v.opt_in] == [*OPT_IN]
     modes = [v.airgraph_mode() for v in every]  # airgraph's default configuration is max-autotune
-    assert modes == [None, None, None, "max-autotune", "reduce-overhead", "reduce-overhead"]
+    assert modes == [None, None, None, "max-autotune", *["reduce-overhead"] * 4]
 
 
 def test_a_failing_variant_is_kept_in_its_row_and_the_run_goes_on(tmp_path, monkeypatch):
@@ -176,7 +180,7 @@ def test_the_tiny_preset_runs_end_to_end_and_every_compiled_variant_makes_eager_
         expected = (r["weight_bytes"] + r["kv_bytes_per_token"]) / (r["ms_per_token"] / 1e3) / 1e9
         assert r["achieved_gbps"] == pytest.approx(expected, rel=1e-2)
         assert r["fraction_of_copy"] == pytest.approx(r["achieved_gbps"] / result["copy_gbps"], rel=1e-2)
-        assert r["opt_in"] is (r["variant"] == "airgraph fast path")
+        assert r["opt_in"] is (r["variant"] in OPT_IN)
         assert r["profile"]["top"] and r["profile"]["sorted_by"] == "self_cpu_us"
     fast = next(r for r in rows if r["variant"] == "airgraph fast path")
     assert fast["fast_path_calls"] > 0 and fast["config"] == {"mode": "reduce-overhead"}
