@@ -64,7 +64,6 @@ import statistics
 import sys
 import tempfile
 import time
-import traceback
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -79,7 +78,7 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import airgraph
 from airgraph.bench import ties
-from airgraph.bench.results import environment, write_json
+from airgraph.bench.results import counter_delta, counters, environment, failure, write_json
 from airgraph.bench.ties import TIE_TOLERANCE
 
 VARIANTS = ("eager", "torch.compile", "torch.compile reduce-overhead", "airgraph reduce-overhead")
@@ -236,22 +235,6 @@ def timed_generate(case: Case, inputs: dict[str, torch.Tensor], device: torch.de
     return time.perf_counter() - start, out
 
 
-def counters() -> dict[str, int]:
-    """Dynamo's and Inductor's counters, flattened (group.name -> count)."""
-    from torch._dynamo.utils import counters as dynamo_counters
-
-    return {
-        f"{group}.{name}": int(value)
-        for group, values in dynamo_counters.items()
-        for name, value in values.items()
-        if isinstance(value, int)
-    }
-
-
-def delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
-    return {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
-
-
 def _fresh_cache(folder: str) -> Any:
     """Cold Inductor caches: a new cache folder, in-memory caches cleared (as benchmarks/zoo.py)."""
     from torch._inductor import utils
@@ -265,17 +248,6 @@ def _warm_workers(cache_root: str, device: torch.device) -> None:
     with _fresh_cache(cache_root):
         torch.compile(lambda x: (x * 2).sin())(torch.randn(8, device=device))
     torch._dynamo.reset()
-
-
-def failure(exc: BaseException, phase: str) -> dict[str, str]:
-    """What failed, for the JSON: phase, exception type and message, the traceback's last frames."""
-    tail = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)[-8:])
-    return {
-        "phase": phase,
-        "type": f"{type(exc).__module__}.{type(exc).__qualname__}",
-        "message": str(exc)[:2000],
-        "traceback": tail,
-    }
 
 
 def warm_up(case: Case, inputs: dict[str, torch.Tensor], device: torch.device, warmup: int, cache_root: str) -> None:
@@ -295,7 +267,7 @@ def warm_up(case: Case, inputs: dict[str, torch.Tensor], device: torch.device, w
             if i == 0:
                 case.second_call_s = seconds
             check_tokens(case, out)
-    case.compile_counters = delta(before, counters())
+    case.compile_counters = counter_delta(before, counters())
     if case.variant.startswith("airgraph"):
         case.backend = running_backend(case)
         case.reports = (reports_before, len(case.backend.reports) if case.backend is not None else 0)
@@ -586,7 +558,7 @@ def main(argv: list[str] | None = None) -> int:
                     after = counters()
                     case.samples_s.append(seconds)
                     check_tokens(case, out)
-                    for k, v in delta(before, after).items():
+                    for k, v in counter_delta(before, after).items():
                         case.timed_counters[k] = case.timed_counters.get(k, 0) + v
             write_json(report(cases, settings, device, complete=False), output)
         for key, group in groups.items():

@@ -30,7 +30,6 @@ import os
 import statistics
 import sys
 import time
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,7 +41,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import airgraph
 from airgraph.bench import ties
-from airgraph.bench.results import environment, write_json
+from airgraph.bench.results import counter_delta, counters, environment, failure, write_json
 from airgraph.models import LlamaConfig, TinyLlama
 
 MODEL_CHOICE = (
@@ -291,32 +290,6 @@ class Group:
     reference: torch.Tensor | None = None  # eager's first tokens (CPU)
 
 
-def counters() -> dict[str, int]:
-    """Dynamo's and Inductor's counters, flattened (group.name -> count)."""
-    from torch._dynamo.utils import counters as dynamo_counters
-
-    return {
-        f"{group}.{name}": int(value)
-        for group, values in dynamo_counters.items()
-        for name, value in values.items()
-        if isinstance(value, int)
-    }
-
-
-def _delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
-    return {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
-
-
-def failure(exc: BaseException, phase: str) -> dict[str, str]:
-    tail = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)[-8:])
-    return {
-        "phase": phase,
-        "type": f"{type(exc).__module__}.{type(exc).__qualname__}",
-        "message": str(exc)[:2000],
-        "traceback": tail,
-    }
-
-
 def check_tokens(group: Group, case: Case, tokens: torch.Tensor) -> None:
     """Count a call; keep its tokens when they differ from eager's first call's (eager: from its own first)."""
     tokens = tokens.cpu()
@@ -360,13 +333,13 @@ def warm_up(group: Group, case: Case, new_tokens: int) -> None:
     check_tokens(group, case, tokens)
     tokens, _, _ = generate(group.model, case.step, group.prompt, new_tokens)
     check_tokens(group, case, tokens)
-    case.compile_counters = _delta(before, counters())
+    case.compile_counters = counter_delta(before, counters())
 
 
 def timed_round(group: Group, case: Case, new_tokens: int) -> None:
     before = counters()
     tokens, step_ms, loop_ms = generate(group.model, case.step, group.prompt, new_tokens)
-    for k, v in _delta(before, counters()).items():
+    for k, v in counter_delta(before, counters()).items():
         case.timed_counters[k] = case.timed_counters.get(k, 0) + v
     case.step_ms.extend(step_ms)
     case.round_ms.append(statistics.median(step_ms))
