@@ -313,12 +313,40 @@ class TuningConfig(OptionGroup):
         allowed="a number of seconds > 0",
     )
 
+    lock_dir = Option(
+        None,
+        "Folder of the device locks through which tuning processes take turns to measure, one measurement at a "
+        "time per device (None: a folder in the user cache, see TuningConfig.resolved_lock_dir; give processes "
+        "of several users one folder they can all write to share a device among them).",
+        types=(str, type(None)),
+        allowed="a folder path (str) or None",
+        env="AIRGRAPH_TUNE_LOCK_DIR",
+    )
+    lock_timeout_s = Option(
+        600.0,
+        "Most seconds a measurement waits for its device's turn; past it, it measures beside the process holding "
+        "it (with a warning: its timings may be spoiled, and the noise rule judges them).",
+        types=float,
+        normalize=_seconds,
+        check=_positive_float,
+        allowed="a number of seconds > 0",
+    )
+
     def resolved_bank_dir(self) -> str:
         """``bank_dir``, or the user cache's ``airgraph/tuning-bank`` ($XDG_CACHE_HOME or ~/.cache)."""
         if self.bank_dir is not None:
             return self.bank_dir
-        cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        return os.path.join(cache, "airgraph", "tuning-bank")
+        return os.path.join(_user_cache(), "airgraph", "tuning-bank")
+
+    def resolved_lock_dir(self) -> str:
+        """``lock_dir``, or the user cache's ``airgraph/device-locks`` ($XDG_CACHE_HOME or ~/.cache)."""
+        if self.lock_dir is not None:
+            return self.lock_dir
+        return os.path.join(_user_cache(), "airgraph", "device-locks")
+
+
+def _user_cache() -> str:
+    return os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
 
 
 def torchair_tuning_environment() -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """Shared test set-up: the `cuda` marker is skipped here, centrally, when no GPU is present, and each `cuda` test that
 leaves the device unusable fails (so its neighbours in the worker do not); every simulated CUDA runtime a test makes
-is checked when it ends; the tuning bank is a fresh folder for the session (a user's bank must not change what the
-tests compile)."""
+is checked when it ends; the tuning bank and the devices' tuning locks are fresh folders for the session (a user's bank
+must not change what the tests compile)."""
 
 from __future__ import annotations
 
@@ -90,6 +90,8 @@ def cuda_device() -> torch.device:
 def _session_tuning_bank(tmp_path_factory: pytest.TempPathFactory):
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("AIRGRAPH_TUNE_BANK", str(tmp_path_factory.mktemp("tuning-bank")))
+        # the devices' measuring turns (tuning/turns.py): this session's own, not the user's nor another session's
+        patch.setenv("AIRGRAPH_TUNE_LOCK_DIR", str(tmp_path_factory.mktemp("device-locks")))
         for name in ("AIRGRAPH_TUNE_MODE", "AOE_MODE", "TUNE_BANK_PATH", "REPEAT_TUNE", "ASCEND_WORK_PATH"):
             patch.delenv(name, raising=False)
         yield

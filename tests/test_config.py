@@ -125,7 +125,8 @@ def test_backend_keeps_its_own_copy():
 
 
 def test_tuning_options_their_aliases_and_environment(monkeypatch):
-    monkeypatch.delenv("AIRGRAPH_TUNE_BANK")  # the test session's bank (tests/conftest.py)
+    monkeypatch.delenv("AIRGRAPH_TUNE_BANK")  # the test session's bank and locks (tests/conftest.py)
+    monkeypatch.delenv("AIRGRAPH_TUNE_LOCK_DIR")
     config = CompilerConfig()
     assert config.as_dict()["tuning"] == {
         "mode": None,
@@ -136,6 +137,8 @@ def test_tuning_options_their_aliases_and_environment(monkeypatch):
         "use_bank": True,
         "budget_s": 6.0,
         "subgraph_budget_s": 30.0,
+        "lock_dir": None,
+        "lock_timeout_s": 600.0,
     }
     config.tuning.mode = "2"  # AOE's operator tuning
     assert config.tuning.mode == "op"
@@ -151,6 +154,8 @@ def test_tuning_options_their_aliases_and_environment(monkeypatch):
         config.tuning.ops = [1]
     with pytest.raises(ValueError, match=r"tuning\.budget_s: invalid value 0.0 \(must be > 0\)"):
         config.tuning.budget_s = 0
+    with pytest.raises(ValueError, match=r"tuning\.lock_timeout_s: invalid value -1.0 \(must be > 0\)"):
+        config.tuning.lock_timeout_s = -1
     monkeypatch.setenv("AIRGRAPH_TUNE_MODE", "2")
     monkeypatch.setenv("AIRGRAPH_TUNE_OPS", "bmm,gemm")
     monkeypatch.setenv("AIRGRAPH_TUNE_REPEAT", "true")
@@ -164,8 +169,11 @@ def test_tuning_options_their_aliases_and_environment(monkeypatch):
         "/tmp/aoe",
     )
     assert from_env.resolved_bank_dir() == "/tmp/cache-home/airgraph/tuning-bank"
+    assert from_env.resolved_lock_dir() == "/tmp/cache-home/airgraph/device-locks"
     monkeypatch.setenv("AIRGRAPH_TUNE_BANK", "/tmp/bank")
+    monkeypatch.setenv("AIRGRAPH_TUNE_LOCK_DIR", "/tmp/locks")
     assert CompilerConfig().tuning.resolved_bank_dir() == "/tmp/bank"
+    assert CompilerConfig().tuning.resolved_lock_dir() == "/tmp/locks"
     monkeypatch.setenv("AIRGRAPH_TUNE_MODE", "warp")
     with pytest.raises(ValueError, match=r"tuning\.mode: invalid value 'warp'"):
         CompilerConfig()

@@ -12,7 +12,9 @@ The package reads in the order the data flows:
 - candidates.py   what is tried (versioned sets), operators.py the tunable nodes and how a choice rewrites them,
                   linear.py the ``airgraph::tuned_linear`` op (prepacked weights, Inductor's GEMM template);
 - measure.py      checking against the default's outputs, timing side by side through the device runtime;
-- tuner.py        a graph's first run: measure (units.py: a segment, or its operators), choose, re-lower, commit;
+                  turns.py: one measurement at a time per device, across processes (a file lock per device);
+- tuner.py        a graph's first run: look up, build, measure (units.py: a segment, or its operators), choose,
+                  re-lower, commit;
                   lowering.py applies the bank's choices when a segment is lowered;
 - keys.py, env.py, bank.py   what an entry is keyed by, for which device and versions, and the locked bank files;
 - source.py       the seam's tuning step (bank lookups); report.py the seed-format result files;

@@ -15,6 +15,7 @@ from airgraph.runtime.device import DeviceRuntime, runtime_for
 from airgraph.tuning.measure import ROUNDS, decide
 from airgraph.tuning.report import CallTiming, TuneReport
 from airgraph.tuning.tuner import Progress
+from airgraph.tuning.turns import DeviceTurns
 
 __all__ = ["tune"]
 
@@ -78,7 +79,8 @@ def tune(
         written = state.written()
         try:
             device = torch.device(backend.reports[0].device)
-            report.call = _time_calls(model, config, runtime_for(device, runtime), compiled, example_inputs, kwargs)
+            timer, turns = runtime_for(device, runtime), backend.tuner.turns
+            report.call = _time_calls(model, config, timer, compiled, example_inputs, kwargs, turns, device)
         finally:
             written.restore()
     report.write()
@@ -86,10 +88,17 @@ def tune(
 
 
 def _time_calls(
-    model: Any, config: CompilerConfig, runtime: DeviceRuntime, tuned: Any, inputs: tuple, kwargs: dict
+    model: Any,
+    config: CompilerConfig,
+    runtime: DeviceRuntime,
+    tuned: Any,
+    inputs: tuple,
+    kwargs: dict,
+    turns: DeviceTurns,
+    device: torch.device,
 ) -> CallTiming:
     """The whole call of ``model`` compiled without the bank and of ``tuned``, timed side by side (measure.decide:
-    measured again while noisy)."""
+    measured again while noisy), holding the device's turn (compiled before it is asked for)."""
     untuned_config = copy.deepcopy(config)
     untuned_config.tuning.mode, untuned_config.tuning.use_bank = None, False
     untuned = torch.compile(model, backend=AirgraphBackend(untuned_config, runtime=runtime))
@@ -97,7 +106,8 @@ def _time_calls(
         untuned(*inputs, **kwargs)  # compiles
         calls = {"default": lambda _: untuned(*inputs, **kwargs), "tuned": lambda _: tuned(*inputs, **kwargs)}
         # Twice the rounds of a unit: this is the figure users compare with their next run.
-        timings = decide(calls, [], runtime, rounds=2 * ROUNDS).timings
+        with turns.turn(device):
+            timings = decide(calls, [], runtime, rounds=2 * ROUNDS).timings
     before, after = timings["default"], timings["tuned"]
     return CallTiming(before.median * 1e6, after.median * 1e6, max(before.spread, after.spread), len(before.rounds))
 

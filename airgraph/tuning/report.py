@@ -41,6 +41,7 @@ __all__ = [
     "CallTiming",
     "TuneReport",
     "TuneTask",
+    "Waits",
     "timestamp",
 ]
 
@@ -115,6 +116,27 @@ class CallTiming:
 
 
 @dataclass
+class Waits:
+    """How long this process waited for its devices' turns to measure (tuning/turns.py): one turn per measurement
+    (a unit's rounds, a whole graph's, the whole call's)."""
+
+    turns: int = 0
+    seconds: float = 0.0  # waited in all
+    longest_s: float = 0.0
+    timed_out: int = 0  # turns measured beside a holder that kept the lock past config.tuning.lock_timeout_s
+    locks: list[str] = field(default_factory=list)  # the lock files
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "turns": self.turns,
+            "waited_s": round(self.seconds, 3),
+            "longest_wait_s": round(self.longest_s, 3),
+            "timed_out": self.timed_out,
+            "locks": list(self.locks),
+        }
+
+
+@dataclass
 class Outcome:
     """One unit's result: what was chosen (or kept) and how it was counted."""
 
@@ -130,7 +152,8 @@ class Outcome:
     measured: dict[str, float] = field(default_factory=dict)  # candidate -> median us ("default" included)
     spreads: dict[str, float] = field(default_factory=dict)  # candidate -> run-to-run spread (relative IQR)
     rounds: int = 0  # interleaved rounds each candidate was timed
-    seconds: float = 0.0  # spent compiling, checking and timing its candidates
+    seconds: float = 0.0  # spent compiling, checking and timing its candidates (not waiting for the device)
+    waited_s: float = 0.0  # waiting for the device's turn to measure them (tuning/turns.py)
 
 
 @dataclass
@@ -148,6 +171,7 @@ class TuneTask:
     dynamic: int = 0  # units not tuned: their shapes are symbolic (a dynamic-shape graph)
     model_before_ms: float | None = None
     model_after_ms: float | None = None
+    waited_s: float = 0.0  # waiting for the device's turns to measure this graph's units and the graph
     failed_section: bool = False  # SGAT: subgraph tuning failed (the seed then omits the section)
 
     def count(self, status: str) -> int:
@@ -182,6 +206,7 @@ class TuneTask:
                 "note": o.note,
                 "rounds": o.rounds,
                 "seconds": round(o.seconds, 3),
+                "waited_s": round(o.waited_s, 3),
                 "measured": measured,
                 "dropped": dropped,
             }
@@ -189,6 +214,7 @@ class TuneTask:
             "tuning_name": self.name,
             "status": self.status,
             "graph_before_after_ms": [self.model_before_ms, self.model_after_ms],
+            "waited_s": round(self.waited_s, 3),
             "stale": self.stale,
             "units": units,
         }
@@ -270,6 +296,7 @@ class TuneReport:
         self.bank_dir: str | None = None
         self.call: CallTiming | None = None  # the whole model call (airgraph.tune), see the module docstring
         self.call_note = ""  # why the call was not timed, when it was not
+        self.waits = Waits()  # for the devices' turns to measure (tuning/turns.py)
 
     def new_task(self, name: str) -> TuneTask:
         task = TuneTask(name=name, mode=self.mode)
@@ -289,7 +316,8 @@ class TuneReport:
     def candidates(self) -> dict[str, Any]:
         """What each unit's candidates did, and the whole call's times (the module docstring's second file)."""
         call = self.call.to_dict() if self.call is not None else {"note": self.call_note or "not timed"}
-        return {"model_call": call, **{task.key: task.candidates() for task in self.tasks}}
+        tasks = {task.key: task.candidates() for task in self.tasks}
+        return {"model_call": call, "device_turns": self.waits.to_dict(), **tasks}
 
     @property
     def measured(self) -> bool:
@@ -327,6 +355,14 @@ class TuneReport:
             )
         elif self.call_note:
             lines.append(f"  the whole call: not timed ({self.call_note})")
+        waits = self.waits
+        if waits.turns:
+            lines.append(
+                f"  waited {waits.seconds:.1f} s for the device's turn to measure ({waits.turns} turns, the longest "
+                f"{waits.longest_s:.1f} s"
+                + (f", {waits.timed_out} measured beside a stuck holder" if waits.timed_out else "")
+                + f"): {', '.join(waits.locks)}"
+            )
         for task in self.tasks:
             if task.model_before_ms is not None and task.model_after_ms is not None:
                 lines.append(

@@ -5,20 +5,20 @@ With ``config.tuning.mode`` set, the backend hands each inference or forward gra
 :meth:`Tuner.wrap` (the graph's real inputs only exist once it runs: while it compiles, its tensors are fake).
 The first call then:
 
-1. runs the graph's segments one by one in order (no side streams: the same results), keeping each segment's
-   real inputs (inputs it writes in place copied first), and returns that call's outputs;
-2. tunes each compute segment the seam let the config or the bank decide (not host, debug or static-kernel
-   segments): its *units* (the segment itself in subgraph mode; its tunable operators in operator mode,
-   tuning/operators.py, with their real values from running the segment's graph) are looked up in the bank (hit:
-   nothing measured, unless ``repeat``), else their candidates (tuning/candidates.py) are compiled, checked against
-   the default's outputs and timed side by side (tuning/measure.py), within ``config.tuning.budget_s`` each;
-3. lowers the segments whose units found a faster choice with those choices (what a later compile gets from the
-   bank: ``chosen_by "tuning"``) and times the whole graph before and after, side by side: unless the tuned graph
-   beats the untuned one as a candidate beats a default (tuning/measure.py), the choices are dropped
-   ("unsatisfied": a choice that won alone but not in its graph, e.g. one that costs a fusion) and the graph keeps
-   running as it was;
-4. commits each unit to the bank under its lock (tuning/bank.py: add, update, reserved, unsatisfied) and writes the
-   seed-format report (tuning/report.py) after every unit.
+1. looks up the *units* of each compute segment the seam let the config or the bank decide (not host, debug or
+   static-kernel segments): the segment itself in subgraph mode, its tunable operators in operator mode
+   (tuning/operators.py). A unit found in the bank is a hit: nothing is measured for it (unless ``repeat``). When
+   every unit is a hit, the call runs as any later call runs: nothing is recorded, compiled or measured;
+2. otherwise runs the graph's segments one by one in order (no side streams: the same results), keeping each
+   segment's real inputs (inputs it writes in place copied first), and returns that call's outputs;
+3. builds each missing unit's candidates (tuning/candidates.py: compiled and checked against the default's
+   outputs, within ``config.tuning.budget_s`` each) and measures them side by side (tuning/measure.py) holding
+   the device's turn (tuning/turns.py): while another process holds it, the next units are built meanwhile;
+4. lowers the segments whose units found a faster choice with those choices and times the whole graph before and
+   after, side by side: unless the tuned graph beats the untuned one as a candidate beats a default, the choices
+   are dropped ("unsatisfied") and the graph keeps running as it was;
+5. commits each unit to the bank under its lock (tuning/bank.py) and writes the seed-format report
+   (tuning/report.py).
 
 Backward graphs are not tuned (their donated inputs would be overwritten by repeated runs).
 """
@@ -49,7 +49,8 @@ from airgraph.tuning.measure import beats, check, decide, fresh_inputs, referenc
 from airgraph.tuning.params import freezable_positions
 from airgraph.tuning.report import FAILED, SUCCESSFUL, TuneReport, TuneTask
 from airgraph.tuning.source import bank_file
-from airgraph.tuning.units import Tentative, TunedGraph, UnitMeasuring
+from airgraph.tuning.turns import DeviceTurns
+from airgraph.tuning.units import Built, Job, Tentative, TunedGraph, UnitMeasuring, node_values
 
 __all__ = ["TunedGraph", "Tuner"]
 
@@ -66,6 +67,7 @@ class Tuner(UnitMeasuring):
         self.bank = Bank(config.tuning.resolved_bank_dir())
         self.report = TuneReport(self.mode, config.tuning.work_path)
         self.report.bank_dir = str(self.bank.folder)
+        self.turns = DeviceTurns(config.tuning.resolved_lock_dir(), config.tuning.lock_timeout_s, self.report.waits)
 
     def wrap(
         self,
@@ -105,36 +107,104 @@ class Tuner(UnitMeasuring):
             self.progress(event, **info)
 
     # -- one graph ---------------------------------------------------------------------------------------
-    def tune(self, graph: TunedGraph, values: list[Any], recorded: dict[int, list[Any]], run: Callable) -> Callable:
-        """Tune ``graph`` (its real inputs ``values``, each segment's real inputs ``recorded``); returns the
-        executor to run from now on."""
+    def first_run(self, graph: TunedGraph, args: list, run: Callable[[list], Any]) -> tuple[Any, Callable]:
+        """The first call of ``graph`` (boxed ``args``): tuned (see the module docstring); returns its outputs and
+        the executor to run from now on."""
         task = self.report.new_task(f"{self.name} graph {graph.report.id} ({graph.request.kind})")
         start = time.perf_counter()
-        file, digest = bank_file(self.bank, graph.request.device)
-        stale = self.bank.stale_bases(file, VERSIONS) if self.bank.folder.is_dir() else set()
-        tentative: list[Tentative] = []
-        measured: dict[str, Tentative] = {}  # operator key -> its measurement (equal operators are measured once)
         try:
-            for seg in graph.segments:
-                if not _tunable(seg):
-                    continue
-                if self.mode == "subgraph":
-                    found = self._segment(graph, seg, recorded[seg.id], task, file, digest, stale)
-                    tentative += [found] if found is not None else []
-                else:
-                    tentative += self._operators(graph, seg, recorded[seg.id], task, file, digest, stale, measured)
-            run = self._apply(graph, values, recorded, tentative, task, run)
-            for item in tentative:
-                self._commit(item, file, task)
-            task.status = FAILED if any(o.status == "failed" for o in task.outcomes) else SUCCESSFUL
+            file, digest = bank_file(self.bank, graph.request.device)
+            stale = self.bank.stale_bases(file, VERSIONS) if self.bank.folder.is_dir() else set()
+            seen: dict[str, Job] = {}
+            jobs = [
+                job
+                for seg in graph.segments
+                if _tunable(seg)
+                for job in self._look_up(graph.report.id, seg, task, file, digest, stale, seen)
+            ]
         except Exception as exc:
-            task.status, task.failed_section = FAILED, True
-            warnings.warn(
-                f"airgraph: tuning {task.name} failed ({type(exc).__name__}: {exc}); it runs untuned", stacklevel=3
-            )
+            self._fail(task, exc)
+            jobs = []
+        if not jobs:  # every unit in the bank (or none to tune): a call as any later call, nothing measured
+            task.status = FAILED if task.failed_section else SUCCESSFUL
+            task.seconds = time.perf_counter() - start
+            self.report.write()
+            return run(args), run
+        self.report.write()
+        values = list(args)
+        args.clear()
+        outputs, recorded = _run_sequentially(graph, values)
+        # Measured as a later call runs: AOTAutograd runs a graph's first call under a Python dispatch mode of its
+        # own (custom-op alias analysis, torch 2.11+), which costs every ATen op a Python round trip. Timed under
+        # it, a graph of many ATen calls looked up to a third slower than it runs, and a fused candidate won by
+        # that much in the report but not in the next process.
+        with _disable_current_modes():
+            try:
+                tentative = self._measure_jobs(graph, jobs, recorded, task)
+                run = self._apply(graph, values, recorded, tentative, task, run)
+                for item in tentative:
+                    self._commit(item, file, task)
+                task.status = FAILED if any(o.status == "failed" for o in task.outcomes) else SUCCESSFUL
+            except Exception as exc:
+                self._fail(task, exc)
         task.seconds = time.perf_counter() - start
         self.report.write()
-        return run
+        return outputs, run
+
+    def _fail(self, task: TuneTask, exc: Exception) -> None:
+        task.status, task.failed_section = FAILED, True
+        warnings.warn(
+            f"airgraph: tuning {task.name} failed ({type(exc).__name__}: {exc}); it runs untuned", stacklevel=4
+        )
+
+    def _measure_jobs(
+        self, graph: TunedGraph, jobs: list[Job], recorded: dict[int, list[Any]], task: TuneTask
+    ) -> list[Tentative]:
+        """Build each job's candidates and measure them, in order; while another process holds the device's turn,
+        build the next jobs meanwhile. Returns the units measured (an operator's failure is reported as failed;
+        a segment's fails the graph's tuning)."""
+        device = graph.request.device
+        queue = [job for job in jobs if job.first is None]
+        ready: list[Built] = []
+        values: dict[int, dict] = {}  # operator mode: segment id -> the real values its jobs' operators take
+        failed: dict[int, str] = {}  # id(job) -> why
+        while queue or ready:
+            if ready and (not queue or self.turns.free_now(device)):
+                built = ready.pop(0)
+                self._guarded(built.job, task, failed, lambda b=built: self._measure(graph, b))
+            else:
+                job = queue.pop(0)
+                build = lambda j=job: self._build(graph, j, _job_inputs(j, jobs, recorded, values), task)  # noqa: E731
+                built = self._guarded(job, task, failed, build)
+                if built is not None:
+                    ready.append(built)
+        for job in jobs:  # equal operators: counted as the one measured
+            if job.first is None:
+                continue
+            item, first = job.item, job.first.item
+            if id(job.first) in failed:
+                failed[id(job)] = failed[id(job.first)]
+                item.outcome.status, item.outcome.note = "failed", f"as {first.outcome.name}: {failed[id(job)]}"
+                task.outcomes.append(item.outcome)
+                continue
+            item.choice, item.spread, item.conclusive = first.choice, first.spread, first.conclusive
+            item.same_as = first
+            item.outcome.before_us, item.outcome.after_us = first.outcome.before_us, first.outcome.after_us
+            item.outcome.note = f"as {first.outcome.name}"
+        return [job.item for job in jobs if id(job) not in failed]
+
+    def _guarded(self, job: Job, task: TuneTask, failed: dict[int, str], step: Callable[[], Any]) -> Any:
+        """``step()`` for ``job``; an operator that fails is reported failed (a segment's failure is raised)."""
+        if job.unit is None:
+            return step()
+        try:
+            return step()
+        except Exception as exc:
+            failed[id(job)] = f"{type(exc).__name__}: {exc}"
+            job.item.outcome.status, job.item.outcome.note = "failed", failed[id(job)]
+            task.outcomes.append(job.item.outcome)
+            self.report.write()
+            return None
 
     def _apply(
         self,
@@ -150,12 +220,17 @@ class Tuner(UnitMeasuring):
         loss in the next process)."""
         saved = {seg.id: (seg.impl, seg.compiled) for seg in graph.segments}
         changed = self._lower_choices(graph, recorded, tentative)
+        device = graph.request.device
         if not changed:
-            timings = time_side_by_side({"default": run}, values, graph.runtime, written=graph.mutated)
+            with self.turns.turn(device) as waited:
+                timings = time_side_by_side({"default": run}, values, graph.runtime, written=graph.mutated)
+            task.waited_s += waited
             task.model_before_ms = task.model_after_ms = timings["default"].median * 1e3
             return run
         new_run = graph.rebuild()
-        decision = decide({"default": run, "tuned": new_run}, values, graph.runtime, written=graph.mutated)
+        with self.turns.turn(device) as waited:
+            decision = decide({"default": run, "tuned": new_run}, values, graph.runtime, written=graph.mutated)
+        task.waited_s += waited
         task.model_before_ms = decision.timings["default"].median * 1e3
         task.model_after_ms = decision.timings["tuned"].median * 1e3
         if decision.winner is None:
@@ -216,6 +291,7 @@ class Tuner(UnitMeasuring):
 
     def _commit(self, item: Tentative, file: BankFile, task: TuneTask) -> None:
         outcome, choice = item.outcome, item.choice
+        task.waited_s += outcome.waited_s
         if item.same_as is not None:  # the same operator, measured and committed a moment ago: counted as it was
             outcome.status = item.same_as.outcome.status
             if choice is not None:
@@ -261,16 +337,20 @@ class _FirstRun:
         if self._tuned:
             return self._run(args)
         self._tuned = True
-        values = list(args)
-        args.clear()
-        outputs, recorded = _run_sequentially(self._graph, values)
-        # Measured as a later call runs: AOTAutograd runs a graph's first call under a Python dispatch mode of its
-        # own (custom-op alias analysis, torch 2.11+), which costs every ATen op a Python round trip. Timed under
-        # it, a graph of many ATen calls looked up to a third slower than it runs, and a fused candidate won by
-        # that much in the report but not in the next process.
-        with _disable_current_modes():
-            self._run = self._tuner.tune(self._graph, values, recorded, self._run)
+        outputs, self._run = self._tuner.first_run(self._graph, args, self._run)
         return outputs
+
+
+def _job_inputs(job: Job, jobs: list[Job], recorded: dict[int, list[Any]], values: dict[int, dict]) -> list[Any]:
+    """What ``job`` is measured on: its segment's recorded inputs, or its operator's real input values (the
+    segment's graph run eagerly once for all its jobs' operators)."""
+    seg = job.item.segment
+    if job.unit is None:
+        return recorded[seg.id]
+    if seg.id not in values:
+        wanted = {n for j in jobs if j.unit is not None and j.item.segment is seg for n in j.unit.inputs}
+        values[seg.id] = node_values(seg.gm, fresh_inputs(recorded[seg.id], seg.written), wanted)
+    return [values[seg.id][n] for n in job.unit.inputs]
 
 
 def _run_sequentially(graph: TunedGraph, values: list[Any]) -> tuple[list[Any], dict[int, list[Any]]]:

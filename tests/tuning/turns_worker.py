@@ -1,0 +1,101 @@
+"""A tuning process for tests/tuning/test_tune_turns.py: operator tuning of a small MLP on the CPU, timed by a clock
+that knows when two processes measure at once. Run as ``python -m tests.tuning.turns_worker MARKERS BANK LOCKS WORK
+D H``; prints one JSON line: each unit's verdict, the waits, how many of its measurements overlapped another's."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from airgraph.backend import AirgraphBackend
+from airgraph.runtime.cpu import CpuRuntime
+from airgraph.runtime.simulated import SimulatedCuda
+from airgraph.runtime.simulated_device import CostModel
+from tests.helpers import make_config
+
+
+class SharedClock(CpuRuntime):
+    """The CPU runtime with a deterministic clock (the simulator's cost model: a launch per ATen op and the bytes
+    it moves), except that a measurement overlapping another process's costs 60% more every other time, as a
+    shared core makes it: each ``time`` call marks itself in ``folder`` while it runs and looks for the marks of
+    others. ``built``: called at the first measurement, says how many units the tuner had built by then."""
+
+    HOLD_S = 0.003  # each measurement lasts at least this long, so that two unlocked tuners overlap
+
+    def __init__(self, folder: str | os.PathLike[str]) -> None:
+        self.folder = Path(folder)
+        self.calls = self.contended = 0
+        self.built_before_measuring: int | None = None
+        self.built = lambda: 0
+
+    def time(self, fn: Any, args: list, iters: int) -> float:
+        if self.built_before_measuring is None:
+            self.built_before_measuring = self.built()
+        mine = self.folder / f"measuring-{os.getpid()}"
+        mine.touch()
+        try:
+            others = self._others(mine)
+            fn(list(args))  # a warm-up call, as the real clocks make
+            with CostModel(SimulatedCuda.LAUNCH_SECONDS, SimulatedCuda.BYTES_PER_SECOND) as cost:
+                fn(list(args))
+            time.sleep(self.HOLD_S)
+            others = others or self._others(mine)
+        finally:
+            mine.unlink()
+        self.calls += 1
+        if not others:
+            return cost.seconds
+        self.contended += 1
+        return cost.seconds * (1.6 if self.calls % 2 else 1.0)
+
+    def _others(self, mine: Path) -> list[Path]:
+        return [p for p in self.folder.glob("measuring-*") if p != mine]
+
+
+class MLP(torch.nn.Module):
+    def __init__(self, d: int, h: int) -> None:
+        super().__init__()
+        self.up, self.down = torch.nn.Linear(d, h), torch.nn.Linear(h, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(torch.relu(self.up(x)))
+
+
+def tune(markers: str, bank: str, locks: str, work: str, d: int, h: int) -> dict[str, Any]:
+    """Operator tuning of MLP(d, h) on a batch of 8 (its first compiled call), timed by a SharedClock."""
+    torch.manual_seed(0)
+    model, x = MLP(d, h).eval(), torch.randn(8, d)
+    clock = SharedClock(markers)
+    options = {"tuning.bank_dir": bank, "tuning.lock_dir": locks, "tuning.work_path": work, "tuning.budget_s": 0.02}
+    backend = AirgraphBackend(make_config(kernel_backend="aten", **{"tuning.mode": "op", **options}), runtime=clock)
+    built = [0]
+
+    def progress(event: str, **info: Any) -> None:
+        if event == "unit":  # a unit's candidates are being built
+            built[0] += 1
+            (Path(markers) / f"built-{os.getpid()}").write_text(str(built[0]))
+
+    backend.tuner.progress = progress
+    clock.built = lambda: built[0]
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(model, backend=backend)(x), model(x))
+    report = backend.tuner.report
+    return {
+        "units": [[o.name, o.status, o.choice, o.note, o.rounds] for o in report.outcomes],
+        "waits": report.waits.to_dict(),
+        "printed": str(report),
+        "contended": clock.contended,
+        "measurements": clock.calls,
+        "built_before_measuring": clock.built_before_measuring,
+    }
+
+
+if __name__ == "__main__":
+    markers, bank, locks, work, d, h = sys.argv[1:7]
+    print(json.dumps(tune(markers, bank, locks, work, int(d), int(h))), flush=True)
