@@ -230,7 +230,10 @@ class AirgraphBackend:
             segments, donors = program.device_segments, None
             device_inputs = graph.graph.find_nodes(op="placeholder")
             layouts = Layouts(device_inputs, [p.meta.get("val") for p in device_inputs])
-        lower_segments(segments, job.request, layouts=layouts, placeholders=donors)
+        request = job.request
+        if self.tuner is not None:  # airgraph.tune: a graph all in the bank is lowered as a plain compile does
+            request = self.tuner.lowering_request(segments, request)
+        lower_segments(segments, request, layouts=layouts, placeholders=donors)
         report, runtime = job.report, job.runtime
         run = build_executor(graph, segments, job.device, runtime=runtime, priorities=report.stream_priorities)
         if self.tuner is not None:

@@ -20,11 +20,14 @@ The first call then:
 5. commits each unit to the bank under its lock (tuning/bank.py) and writes the seed-format report
    (tuning/report.py).
 
-Backward graphs are not tuned (their donated inputs would be overwritten by repeated runs).
+:meth:`Tuner.lowering_request`: a tuner whose compiled model only tunes (``airgraph.tune``) lowers a graph whose
+units are all in the bank as a plain compile does: the bank's choices are not compiled for a run that measures
+nothing. Backward graphs are not tuned (their donated inputs would be overwritten by repeated runs).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import time
 import warnings
@@ -40,7 +43,7 @@ from airgraph.graph.analysis import mutated_nodes
 from airgraph.graph.meta import HOST
 from airgraph.graph.program import Segment
 from airgraph.lowering.layouts import Layouts
-from airgraph.lowering.select import GraphRequest, Impl
+from airgraph.lowering.select import GraphRequest, Impl, choose
 from airgraph.report.schema import GraphReport
 from airgraph.runtime.executor import build_executor
 from airgraph.tuning.bank import TUNED, UNSATISFIED, Bank, BankFile, Entry
@@ -68,6 +71,28 @@ class Tuner(UnitMeasuring):
         self.report = TuneReport(self.mode, config.tuning.work_path)
         self.report.bank_dir = str(self.bank.folder)
         self.turns = DeviceTurns(config.tuning.resolved_lock_dir(), config.tuning.lock_timeout_s, self.report.waits)
+        # airgraph.tune: the compiled model only tunes (it is not run afterwards); see lowering_request.
+        self.only_tunes = False
+        self.plain_graphs = 0  # graphs lowered without the bank by lowering_request
+
+    def lowering_request(self, segments: list[Segment], request: GraphRequest) -> GraphRequest:
+        """The request to lower a graph's ``segments`` with: ``request``, or, for a tuner whose compiled model
+        only tunes, one without the bank when the bank answers every unit of the graph: its first run measures
+        nothing, so the bank's choices (a GEMM template, frozen weights: compiles of their own) are not compiled
+        for it; a later compile takes them from the bank."""
+        if not self.only_tunes or self.config.tuning.repeat or request.kind == "backward" or request.tuning is None:
+            return request
+        task = TuneTask("lookup", self.mode)  # counts only, never reported
+        file, digest = bank_file(self.bank, request.device)
+        seen: dict[str, Job] = {}
+        for seg in segments:
+            if seg.sync or seg.placement == HOST or seg.gm is None:
+                continue
+            tunable = choose(seg, request).chosen_by in ("config", "tuning")
+            if tunable and self._look_up(0, seg, task, file, digest, set(), seen):
+                return request
+        self.plain_graphs += 1
+        return dataclasses.replace(request, tuning=None)
 
     def wrap(
         self,

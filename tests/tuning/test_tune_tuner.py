@@ -531,3 +531,71 @@ def test_timing_the_whole_call_leaves_what_a_call_writes_as_the_tuning_call_left
         model, x, mode="op", bank_dir=tmp_path / "bank", work_path=tmp_path, config=config, runtime=_OpClock()
     )
     assert again.call is None and "every unit came from the bank" in str(again)
+
+
+class _Counted(CpuRuntime):
+    """The CPU runtime, counting its measurements."""
+
+    def __init__(self) -> None:
+        self.measurements = 0
+
+    def time(self, fn, args, iters):
+        self.measurements += 1
+        return super().time(fn, args, iters)
+
+
+def _count_lowerings(monkeypatch) -> list[tuple[str, bool]]:
+    """Every segment lowering from now on, through the kernel backends' registry (the real compilers, counted):
+    (backend, whether it was given the bank's operator choices)."""
+    import dataclasses
+
+    from airgraph.lowering import backends
+
+    lowered: list[tuple[str, bool]] = []
+    for name, entry in list(backends.KERNEL_BACKENDS.items()):
+
+        def counted(request, name=name, lower=entry.fn):
+            lowered.append((name, "op_choices" in request.options))
+            return lower(request)
+
+        monkeypatch.setitem(backends.KERNEL_BACKENDS, name, dataclasses.replace(entry, fn=counted))
+    return lowered
+
+
+def test_an_all_hit_run_measures_nothing_and_compiles_each_segment_once(tmp_path, model_and_input, monkeypatch):
+    """A second airgraph.tune whose units are all in the bank costs a plain compile and first call (issue #36: 1.54
+    times one): nothing measured, nothing recorded, and each segment compiled once, as a plain compile does; the
+    bank's choices (a prepared weight, a GEMM template: compiles of their own) are compiled by the runs that use
+    them."""
+    import dataclasses
+
+    model, x = model_and_input
+    config = tuning_config(tmp_path, "op", kernel_backend="aten", **{"tuning.budget_s": 0.05})
+    run_tuned(model, x, config, SimulatedCuda())  # memos: nothing beats ATen's GEMM on the cost model
+    (file,) = [BankFile(f) for f in (tmp_path / "bank").glob("*.jsonl")]
+    onednn = {"tune_mode": "Impl", "name": "onednn-packed", "options": {"impl": "onednn-packed"}}
+    for entry in list(file.entries().values()):  # the bank now says a prepacked weight wins each GEMM
+        tuned = dataclasses.replace(entry, status=TUNED, choice=onednn, after_us=entry.before_us / 2)
+        assert file.commit(tuned) == "update"
+
+    torch._dynamo.reset()
+    lowered, clock = _count_lowerings(monkeypatch), _Counted()
+    plain = make_config(kernel_backend="aten", **{"tuning.bank_dir": str(tmp_path / "bank")})
+    report = airgraph.tune(model, x, mode="op", work_path=tmp_path, config=plain, runtime=clock)
+    assert [(o.status, o.choice) for o in report.outcomes] == [("hit", "onednn-packed")] * 2
+    assert clock.measurements == 0 and report.waits.turns == 0 and not report.measured
+    assert "nothing was measured" in str(report) and "waited" not in str(report)
+    assert lowered == [("aten", False)]  # one segment, compiled once, without the bank's choices
+
+    torch._dynamo.reset()
+    lowered.clear()
+    untuned = make_config(kernel_backend="aten", **{"tuning.use_bank": False})
+    with torch.no_grad():
+        torch.compile(model, backend=AirgraphBackend(untuned))(x)  # a plain compile and first call
+    assert lowered == [("aten", False)]
+
+    torch._dynamo.reset()
+    lowered.clear()
+    with torch.no_grad():  # the next run takes the bank's choices
+        (segment,) = airgraph.explain(model, x, config=plain).graphs[0].segments
+    assert segment.chosen_by == "tuning" and lowered == [("aten", True)]
