@@ -599,3 +599,25 @@ def test_an_all_hit_run_measures_nothing_and_compiles_each_segment_once(tmp_path
     with torch.no_grad():  # the next run takes the bank's choices
         (segment,) = airgraph.explain(model, x, config=plain).graphs[0].segments
     assert segment.chosen_by == "tuning" and lowered == [("aten", True)]
+
+
+def test_the_whole_call_takes_the_banks_choices_where_a_graph_was_all_hits(tmp_path, model_and_input):
+    """A graph whose units were all in the bank runs without their choices in airgraph.tune (compiled plainly);
+    where another graph was measured, the whole call is still timed as the next run calls it: with every choice
+    of the bank (on a deterministic clock, equal to a later compile's to the digit)."""
+    model, x = _GraphBreak().eval(), model_and_input[1]
+    runtime, bank = _OpClock(), tmp_path / "bank"
+    config = make_config(kernel_backend="aten", **{"tuning.budget_s": 0.05})
+    up = {"mode": "op", "ops": "up/addmm", "bank_dir": bank, "work_path": tmp_path, "config": config}
+    first = airgraph.tune(model, x, **up, runtime=runtime)
+    assert [(o.name, o.status, o.choice) for o in first.outcomes] == [("up/addmm", "add", "onednn-packed")]
+    torch._dynamo.reset()
+    report = airgraph.tune(model, x, mode="op", bank_dir=bank, work_path=tmp_path, config=config, runtime=runtime)
+    statuses = {o.name: o.status for o in report.outcomes}
+    assert statuses["up/addmm"] == "hit" and statuses["down/addmm"] != "hit" and report.call is not None
+    torch._dynamo.reset()
+    with_bank = make_config(kernel_backend="aten", **{"tuning.bank_dir": str(bank)})
+    without = make_config(kernel_backend="aten", **{"tuning.use_bank": False})
+    tuned = _call_cost(torch.compile(model, backend=AirgraphBackend(with_bank, runtime=runtime)), x, runtime)
+    untuned = _call_cost(torch.compile(model, backend=AirgraphBackend(without, runtime=runtime)), x, runtime)
+    assert (report.call.tuned_us, report.call.untuned_us) == (pytest.approx(tuned * 1e6), pytest.approx(untuned * 1e6))
