@@ -18,6 +18,7 @@ plan, host split (only with host work), partition, choose and lower, executor, c
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import importlib
@@ -230,10 +231,12 @@ class AirgraphBackend:
             segments, donors = program.device_segments, None
             device_inputs = graph.graph.find_nodes(op="placeholder")
             layouts = Layouts(device_inputs, [p.meta.get("val") for p in device_inputs])
-        request = job.request
+        request, building = job.request, contextlib.nullcontext()
         if self.tuner is not None:  # airgraph.tune: a graph all in the bank is lowered as a plain compile does
             request = self.tuner.lowering_request(segments, request)
-        lower_segments(segments, request, layouts=layouts, placeholders=donors)
+            building = self.tuner.turns.building(job.device)  # not beside another tuner's CPU measurement
+        with building:
+            lower_segments(segments, request, layouts=layouts, placeholders=donors)
         report, runtime = job.report, job.runtime
         run = build_executor(graph, segments, job.device, runtime=runtime, priorities=report.stream_priorities)
         if self.tuner is not None:

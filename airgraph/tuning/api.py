@@ -113,7 +113,7 @@ def _time_calls(
     untuned_config = copy.deepcopy(config)
     untuned_config.tuning.mode, untuned_config.tuning.use_bank = None, False
     untuned = torch.compile(model, backend=AirgraphBackend(untuned_config, runtime=runtime))
-    with torch.no_grad():
+    with torch.no_grad(), turns.building(device):
         untuned(*inputs, **kwargs)  # compiles
         tuned(*inputs, **kwargs)  # compiled (by the tuning call, or _with_bank's first call here)
         calls = {"default": lambda _: untuned(*inputs, **kwargs), "tuned": lambda _: tuned(*inputs, **kwargs)}

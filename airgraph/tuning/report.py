@@ -121,6 +121,7 @@ class Waits:
     (a unit's rounds, a whole graph's, the whole call's)."""
 
     turns: int = 0
+    building_turns: int = 0  # of them, turns that compiled too (the CPU's every core measures: turns.builds_beside)
     seconds: float = 0.0  # waited in all
     longest_s: float = 0.0
     timed_out: int = 0  # turns measured beside a holder that kept the lock past config.tuning.lock_timeout_s
@@ -129,6 +130,7 @@ class Waits:
     def to_dict(self) -> dict[str, Any]:
         return {
             "turns": self.turns,
+            "building_turns": self.building_turns,
             "waited_s": round(self.seconds, 3),
             "longest_wait_s": round(self.longest_s, 3),
             "timed_out": self.timed_out,
@@ -358,7 +360,9 @@ class TuneReport:
         waits = self.waits
         if waits.turns:
             lines.append(
-                f"  waited {waits.seconds:.1f} s for the device's turn to measure ({waits.turns} turns, the longest "
+                f"  waited {waits.seconds:.1f} s for the device's turn to measure ({waits.turns} turns"
+                + (f", {waits.building_turns} compiling too" if waits.building_turns else "")
+                + f", the longest "
                 f"{waits.longest_s:.1f} s"
                 + (f", {waits.timed_out} measured beside a stuck holder" if waits.timed_out else "")
                 + f"): {', '.join(waits.locks)}"

@@ -13,7 +13,8 @@ The first call then:
    segment's real inputs (inputs it writes in place copied first), and returns that call's outputs;
 3. builds each missing unit's candidates (tuning/candidates.py: compiled and checked against the default's
    outputs, within ``config.tuning.budget_s`` each) and measures them side by side (tuning/measure.py) holding
-   the device's turn (tuning/turns.py): while another process holds it, the next units are built meanwhile;
+   the device's turn (tuning/turns.py): while another process holds it, the next units are built meanwhile
+   (where a measurement takes every core of the CPU, building takes the turn too);
 4. lowers the segments whose units found a faster choice with those choices and times the whole graph before and
    after, side by side: unless the tuned graph beats the untuned one as a candidate beats a default, the choices
    are dropped ("unsatisfied") and the graph keeps running as it was;
@@ -52,7 +53,7 @@ from airgraph.tuning.measure import beats, check, decide, fresh_inputs, referenc
 from airgraph.tuning.params import freezable_positions
 from airgraph.tuning.report import FAILED, SUCCESSFUL, TuneReport, TuneTask
 from airgraph.tuning.source import bank_file
-from airgraph.tuning.turns import DeviceTurns
+from airgraph.tuning.turns import DeviceTurns, builds_beside
 from airgraph.tuning.units import Built, Job, Tentative, TunedGraph, UnitMeasuring, node_values
 
 __all__ = ["TunedGraph", "Tuner"]
@@ -186,23 +187,31 @@ class Tuner(UnitMeasuring):
         self, graph: TunedGraph, jobs: list[Job], recorded: dict[int, list[Any]], task: TuneTask
     ) -> list[Tentative]:
         """Build each job's candidates and measure them, in order; while another process holds the device's turn,
-        build the next jobs meanwhile. Returns the units measured (an operator's failure is reported as failed;
-        a segment's fails the graph's tuning)."""
+        build the next jobs meanwhile (where building beside a measurement leaves it alone: turns.builds_beside;
+        elsewhere a job is built and measured in one turn). Returns the units measured (an operator's failure is
+        reported as failed; a segment's fails the graph's tuning)."""
         device = graph.request.device
         queue = [job for job in jobs if job.first is None]
         ready: list[Built] = []
         values: dict[int, dict] = {}  # operator mode: segment id -> the real values its jobs' operators take
         failed: dict[int, str] = {}  # id(job) -> why
+        beside = builds_beside(device)
         while queue or ready:
             if ready and (not queue or self.turns.free_now(device)):
                 built = ready.pop(0)
                 self._guarded(built.job, task, failed, lambda b=built: self._measure(graph, b))
-            else:
-                job = queue.pop(0)
-                build = lambda j=job: self._build(graph, j, _job_inputs(j, jobs, recorded, values), task)  # noqa: E731
+                continue
+            job = queue.pop(0)
+            build = lambda j=job: self._build(graph, j, _job_inputs(j, jobs, recorded, values), task)  # noqa: E731
+            if beside:
+                built = self._guarded(job, task, failed, build)
+                ready += [built] if built is not None else []
+                continue
+            with self.turns.building(device) as waited:
                 built = self._guarded(job, task, failed, build)
                 if built is not None:
-                    ready.append(built)
+                    self._guarded(job, task, failed, lambda b=built: self._measure(graph, b))
+            job.item.outcome.waited_s += waited
         for job in jobs:  # equal operators: counted as the one measured
             if job.first is None:
                 continue
@@ -243,6 +252,21 @@ class Tuner(UnitMeasuring):
         """Lower the segments with their units' choices and keep them if the whole graph got measurably faster
         (measure.decide: by at least MIN_GAIN and beyond the run-to-run spread, as a gain within noise may be a
         loss in the next process)."""
+        device = graph.request.device
+        with self.turns.building(device) as waited:
+            run = self._apply_built(graph, values, recorded, tentative, task, run)
+        task.waited_s += waited
+        return run
+
+    def _apply_built(
+        self,
+        graph: TunedGraph,
+        values: list,
+        recorded: dict[int, list[Any]],
+        tentative: list[Tentative],
+        task: TuneTask,
+        run: Callable,
+    ) -> Callable:
         saved = {seg.id: (seg.impl, seg.compiled) for seg in graph.segments}
         changed = self._lower_choices(graph, recorded, tentative)
         device = graph.request.device

@@ -3,11 +3,12 @@
 Two processes tuning on one device at once spoil each other's timings (on a 2-core CPU, two tuners each left all
 their GEMMs inconclusive). Every measurement (a unit's interleaved rounds, a whole graph's, the whole call's) takes
 the device's turn first: a ``filelock`` lock file per device in ``config.tuning.lock_dir`` (the user cache's
-``airgraph/device-locks`` by default), named by :func:`device_key` ("cpu", "cuda-GPU-<uuid>"). Only timing happens
-under it: a tuner compiles and checks its candidates before it asks, and while another holds the turn it builds
-the next unit's (tuning/tuner.py), so two tuners take turns without idling.
+``airgraph/device-locks`` by default), named by :func:`device_key` ("cpu", "cuda-GPU-<uuid>").
 
 - **held per measurement**, never for a whole tuning run: two tuners interleave unit by unit;
+- **only timing under it**: a tuner compiles and checks a unit's candidates before it asks, and while another
+  holds the turn it builds its next units (tuning/tuner.py). Except where the measurement uses every core of
+  the CPU (:func:`builds_beside`): compiling beside it stalls its parallel regions, so building takes the turn too;
 - **waits are counted**: each turn's wait goes into the report's :class:`~airgraph.tuning.report.Waits`;
 - **a crashed holder frees it**: the lock is the OS's (``fcntl``/``msvcrt``) on an open file, released with its
   process, whatever killed it; a holder alive but stuck for ``config.tuning.lock_timeout_s`` is measured beside
@@ -28,7 +29,7 @@ from filelock import FileLock, Timeout
 from airgraph.log import warn_once
 from airgraph.tuning.report import Waits
 
-__all__ = ["DeviceTurns", "device_key"]
+__all__ = ["DeviceTurns", "builds_beside", "device_key"]
 
 
 def device_key(device: torch.device) -> str:
@@ -47,6 +48,21 @@ def device_key(device: torch.device) -> str:
     return f"cuda{index}"
 
 
+def builds_beside(device: torch.device) -> bool:
+    """Whether a process may compile while another measures on ``device`` without spoiling its timings: beside a
+    GPU's kernels (timed by CUDA events) it may; beside the CPU's only when the intra-op threads leave a core free
+    (this process's thread count standing for the measuring one's). A parallel region whose threads need every core
+    waits for the one another process holds: a batch-8 GEMM at 2 threads on a 2-core CPU with one core busy took
+    25 times as long, its rounds ±70% (issue #36)."""
+    if device.type != "cpu":
+        return True
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return torch.get_num_threads() < cores
+
+
 class DeviceTurns:
     """One process's turns on the devices it measures on; the locks live in ``folder``."""
 
@@ -55,6 +71,7 @@ class DeviceTurns:
         self.timeout_s = timeout_s
         self.waits = waits if waits is not None else Waits()
         self._locks: dict[str, FileLock] = {}
+        self._depth: dict[str, int] = {}  # turns of each device this process is inside of
 
     def _lock(self, device: torch.device) -> FileLock:
         key = device_key(device)
@@ -68,7 +85,7 @@ class DeviceTurns:
     def free_now(self, device: torch.device) -> bool:
         """Whether no other process holds ``device``'s turn at this moment (one try: nothing is held after)."""
         lock = self._lock(device)
-        if lock.is_locked:
+        if self._depth.get(device_key(device)):
             return True  # this process holds it
         try:
             lock.acquire(timeout=0)
@@ -78,9 +95,30 @@ class DeviceTurns:
         return True
 
     @contextlib.contextmanager
+    def building(self, device: torch.device) -> Iterator[float]:
+        """Hold ``device``'s turn while compiling where compiling beside a measurement spoils it
+        (:func:`builds_beside`); elsewhere nothing. Yields the seconds waited."""
+        if builds_beside(device):
+            yield 0.0
+            return
+        outer = not self._depth.get(device_key(device))
+        with self.turn(device) as waited:
+            self.waits.building_turns += outer
+            yield waited
+
+    @contextlib.contextmanager
     def turn(self, device: torch.device) -> Iterator[float]:
-        """Hold ``device``'s turn for the duration (re-entrant in a process); yields the seconds waited for it."""
+        """Hold ``device``'s turn for the duration; yields the seconds waited for it (a turn inside one this
+        process holds: 0, not counted again)."""
+        key = device_key(device)
         lock = self._lock(device)
+        if self._depth.get(key):
+            self._depth[key] += 1
+            try:
+                yield 0.0
+            finally:
+                self._depth[key] -= 1
+            return
         start = time.perf_counter()
         held = True
         try:
@@ -101,8 +139,10 @@ class DeviceTurns:
         waits.longest_s = max(waits.longest_s, waited)
         if str(lock.lock_file) not in waits.locks:
             waits.locks.append(str(lock.lock_file))
+        self._depth[key] = 1
         try:
             yield waited
         finally:
+            self._depth[key] = 0
             if held:
                 lock.release()

@@ -276,7 +276,7 @@ class UnitMeasuring:
             start = time.perf_counter()
             decision = decide(built.fns, built.inputs, graph.runtime, written=built.written)
         item = built.job.item
-        item.outcome.waited_s = waited
+        item.outcome.waited_s += waited
         _settle(item, decision, built.choices, built.seconds + time.perf_counter() - start)
         if decision.winner is not None and built.impls:
             item.compiled, item.impl = built.fns[decision.winner], built.impls[decision.winner]

@@ -22,9 +22,9 @@ ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
 MODELS = [(32, 64), (48, 96)]  # two MLPs (d, h): two units each
 
 
-def worker(tmp_path: Path, markers: Path, d: int, h: int) -> subprocess.Popen:
+def worker(tmp_path: Path, markers: Path, d: int, h: int, threads: int) -> subprocess.Popen:
     args = [str(markers), str(tmp_path / "bank"), str(tmp_path / "locks"), str(tmp_path), str(d), str(h)]
-    command = [sys.executable, "-m", "tests.tuning.turns_worker", *args]
+    command = [sys.executable, "-m", "tests.tuning.turns_worker", *args, str(threads), str(len(MODELS))]
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
 
 
@@ -35,51 +35,76 @@ def wait_for(condition, seconds: float, what: str) -> None:
         time.sleep(0.05)
 
 
-def verdicts(result: dict) -> list:
-    return [unit[:3] for unit in result["units"]]  # name, status, choice
-
-
-@pytest.mark.slow
-def test_two_tuners_take_turns_build_meanwhile_and_reach_their_lone_verdicts(tmp_path):
-    """The stand-in clock (turns_worker.SharedClock) spoils a measurement that overlaps another process's, as a
-    shared core does; without turns both tuners end inconclusive. Here this test holds the CPU's turn until both
-    have built all their units, then lets them contend: no measurement overlaps, each waited, each reached the
-    verdicts it reaches alone."""
-    alone = []
-    for d, h in MODELS:  # each tuner alone, one after the other (a bank of its own)
-        (tmp_path / f"alone-{d}").mkdir()
-        alone.append(
-            tune(
-                str(tmp_path / f"alone-{d}"), str(tmp_path / f"bank-{d}"), str(tmp_path / "locks"), str(tmp_path), d, h
-            )
-        )
-    assert all(a["contended"] == 0 and a["units"] for a in alone)
-
-    markers = tmp_path / "markers"
-    markers.mkdir()
-    here = DeviceTurns(tmp_path / "locks", 600.0)
-    with here.turn(CPU):
-        procs = [worker(tmp_path, markers, d, h) for d, h in MODELS]
-        built = lambda: [int(p.read_text() or 0) for p in markers.glob("built-*")]  # noqa: E731
-        wait_for(lambda: sorted(built()) == [2, 2], 120, "both tuners to build their units")
-        time.sleep(1.5)  # both are past building now, waiting for the turn
+def finished(procs: list[subprocess.Popen]) -> list[dict]:
     results = []
     for proc in procs:
         out, err = proc.communicate(timeout=180)
         assert proc.returncode == 0, err[-3000:]
         results.append(json.loads(out.strip().splitlines()[-1]))
+    return results
 
-    for result, lone in zip(results, alone, strict=True):
+
+def alone(tmp_path: Path) -> list[dict]:
+    """Each model tuned alone, one after the other (a bank of its own): the verdicts to reach together."""
+    found = []
+    for d, h in MODELS:
+        markers = tmp_path / f"alone-{d}"
+        markers.mkdir()
+        found.append(tune(str(markers), str(tmp_path / f"bank-{d}"), str(tmp_path / "locks"), str(tmp_path), d, h))
+    assert all(a["contended"] == 0 and a["units"] for a in found)
+    return found
+
+
+def assert_lone_verdicts(results: list[dict], lone: list[dict], lock: Path) -> None:
+    for result, expected in zip(results, lone, strict=True):
         assert result["contended"] == 0 and result["measurements"] > 20  # never two measurements at once
-        assert result["built_before_measuring"] == 2  # built its units while waiting
-        assert verdicts(result) == verdicts(lone)  # what it decides alone, every unit decided
+        assert [u[:3] for u in result["units"]] == [u[:3] for u in expected["units"]]  # name, status, choice
         assert all(not unit[3].startswith("inconclusive") and unit[4] == 9 for unit in result["units"])
+        assert result["waits"]["locks"] == [str(lock)]
+        assert f"waited {result['waits']['waited_s']:.1f} s for the device's turn" in result["printed"]
+
+
+USABLE_CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(USABLE_CORES < 2, reason="building beside a 1-thread measurement needs a core to spare")
+def test_two_tuners_take_turns_build_meanwhile_and_reach_their_lone_verdicts(tmp_path):
+    """The stand-in clock (turns_worker.SharedClock) spoils a measurement that overlaps another process's, as a
+    shared core does; without turns both tuners err. Measuring at 1 thread leaves a core to build on: this test
+    holds the CPU's turn until both tuners have built all their units, then lets them contend: no measurement
+    overlaps, each waited, each reached the verdicts it reaches alone."""
+    lone = alone(tmp_path)
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    here = DeviceTurns(tmp_path / "locks", 600.0)
+    with here.turn(CPU):
+        procs = [worker(tmp_path, markers, d, h, threads=1) for d, h in MODELS]
+        built = lambda: [int(p.read_text() or 0) for p in markers.glob("built-*")]  # noqa: E731
+        wait_for(lambda: sorted(built()) == [2, 2], 120, "both tuners to build their units")
+        time.sleep(1.5)  # both are past building now, waiting for the turn
+    results = finished(procs)
+    assert_lone_verdicts(results, lone, tmp_path / "locks" / "cpu.lock")
+    for result in results:
+        assert result["built_before_measuring"] == 2  # built its units while waiting
         waits = result["waits"]
-        assert (
-            waits["waited_s"] > 1.0 and waits["turns"] >= 3 and waits["locks"] == [str(tmp_path / "locks" / "cpu.lock")]
-        )
-        assert f"waited {waits['waited_s']:.1f} s for the device's turn to measure" in result["printed"]
+        assert waits["waited_s"] > 1.0 and waits["turns"] >= 3 and waits["building_turns"] == 0
     assert here.waits.turns == 1
+
+
+@pytest.mark.slow
+def test_where_a_measurement_takes_every_core_building_takes_turns_too(tmp_path):
+    """At as many threads as cores, a measurement stalls on a core that another process compiles on (a batch-8
+    GEMM took 25 times as long here): the two tuners then build in their turns too, never beside the other's
+    measurement, and still reach the verdicts each reaches alone."""
+    lone = alone(tmp_path)
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    results = finished([worker(tmp_path, markers, d, h, threads=USABLE_CORES) for d, h in MODELS])
+    assert_lone_verdicts(results, lone, tmp_path / "locks" / "cpu.lock")
+    for result in results:
+        assert result["waits"]["building_turns"] >= 3 and result["built_beside_a_measurement"] == 0
+    assert sum(result["waits"]["waited_s"] for result in results) > 0.1  # started together: one waited
 
 
 HOLDER = """

@@ -1,6 +1,7 @@
 """A tuning process for tests/tuning/test_tune_turns.py: operator tuning of a small MLP on the CPU, timed by a clock
 that knows when two processes measure at once. Run as ``python -m tests.tuning.turns_worker MARKERS BANK LOCKS WORK
-D H``; prints one JSON line: each unit's verdict, the waits, how many of its measurements overlapped another's."""
+D H THREADS PEERS`` (it starts once PEERS processes are ready); prints one JSON line: each unit's verdict, the
+waits, how many of its measurements overlapped another's and how many of its builds another's measurement."""
 
 from __future__ import annotations
 
@@ -67,19 +68,25 @@ class MLP(torch.nn.Module):
         return x + self.down(torch.relu(self.up(x)))
 
 
-def tune(markers: str, bank: str, locks: str, work: str, d: int, h: int) -> dict[str, Any]:
-    """Operator tuning of MLP(d, h) on a batch of 8 (its first compiled call), timed by a SharedClock."""
+def tune(markers: str, bank: str, locks: str, work: str, d: int, h: int, peers: int = 1) -> dict[str, Any]:
+    """Operator tuning of MLP(d, h) on a batch of 8 (its first compiled call), timed by a SharedClock, once
+    ``peers`` processes (this one included) are ready."""
+    (Path(markers) / f"ready-{os.getpid()}").touch()
+    deadline = time.monotonic() + 120
+    while len(list(Path(markers).glob("ready-*"))) < peers and time.monotonic() < deadline:
+        time.sleep(0.01)
     torch.manual_seed(0)
     model, x = MLP(d, h).eval(), torch.randn(8, d)
     clock = SharedClock(markers)
     options = {"tuning.bank_dir": bank, "tuning.lock_dir": locks, "tuning.work_path": work, "tuning.budget_s": 0.02}
     backend = AirgraphBackend(make_config(kernel_backend="aten", **{"tuning.mode": "op", **options}), runtime=clock)
-    built = [0]
+    built, beside = [0], [0]
 
     def progress(event: str, **info: Any) -> None:
         if event == "unit":  # a unit's candidates are being built
             built[0] += 1
             (Path(markers) / f"built-{os.getpid()}").write_text(str(built[0]))
+        beside[0] += bool(clock._others(Path(markers) / f"measuring-{os.getpid()}"))  # another process measures
 
     backend.tuner.progress = progress
     clock.built = lambda: built[0]
@@ -93,9 +100,11 @@ def tune(markers: str, bank: str, locks: str, work: str, d: int, h: int) -> dict
         "contended": clock.contended,
         "measurements": clock.calls,
         "built_before_measuring": clock.built_before_measuring,
+        "built_beside_a_measurement": beside[0],
     }
 
 
 if __name__ == "__main__":
-    markers, bank, locks, work, d, h = sys.argv[1:7]
-    print(json.dumps(tune(markers, bank, locks, work, int(d), int(h))), flush=True)
+    markers, bank, locks, work, d, h, threads, peers = sys.argv[1:9]
+    torch.set_num_threads(int(threads))
+    print(json.dumps(tune(markers, bank, locks, work, int(d), int(h), int(peers))), flush=True)
