@@ -22,6 +22,13 @@ run <= 0.2 of the first. Models ``gelu-mlp-<d>``: Linear(d, 2d) -> GELU -> Linea
 
     python benchmarks/tuning.py [--models mlp,gelu-mlp-384,gelu-mlp-640,gelu-mlp-896,llama-decode,llama-prefill,cnn]
         [--threads 1] [--rounds 15]
+
+Issue #36's modes, each process fresh, results in their own section of the output (the rest is kept):
+``--mode concurrent`` (``--pair A,B``): the two models tuned alone, then by two processes at once into one bank
+(taking turns on the device, and as before #36 with a lock folder each), and each model in a fresh process with
+the shared bank: inconclusive units, verdicts against alone, waits, tuned / untuned. ``--mode all-hit``: per model
+and repetition, with a fresh Inductor cache each, a first tuning run, a second (all hits), a plain compile and
+first call, a compile with the bank; and with one Inductor cache shared by a first and a second run.
 """
 
 from __future__ import annotations
@@ -346,19 +353,185 @@ def _quantile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+# -- issue #36: concurrent tuners, the all-hit run --------------------------------------------------------------
+def child(kind: str, name: str, bank: Path | None, lock_dir: str | None, budget: float, work: Path) -> dict[str, Any]:
+    """One measurement of a fresh process (``--child``): ``tune`` (airgraph.tune, operator mode), ``plain`` (a compile
+    without the bank and its first call) or ``bank`` (a compile with the bank and its first call); seconds from
+    the model built to the call returned."""
+    model, args = build(name)
+    if kind in ("plain", "bank"):
+        compiled = torch.compile(model, backend=AirgraphBackend(config_for(bank if kind == "bank" else None)))
+        return {"seconds": first_call(compiled, args)[1]}
+    assert bank is not None
+    config = config_for(bank)
+    config.tuning.budget_s = budget
+    if lock_dir is not None:
+        config.tuning.lock_dir = lock_dir
+    start = time.perf_counter()
+    report = airgraph.tune(model, *args, mode="op", bank_dir=bank, work_path=work, config=config)
+    seconds = time.perf_counter() - start
+    units = [[o.name, o.status, f"{o.tune_mode} {o.choice}".strip(), o.note[:100]] for o in report.outcomes]
+    return {
+        "seconds": seconds,
+        "counts": report.counts(),
+        "units": units,
+        "inconclusive": sum("inconclusive" in o.note for o in report.outcomes),  # a unit, or its whole graph
+        "measured_units": sum(1 for o in report.outcomes if o.measured),
+        "call": report.call.to_dict() if report.call is not None else None,
+        "waits": report.waits.to_dict(),
+    }
+
+
+def _child_command(kind: str, name: str, bank: Path | None, cache: Path, lock_dir: Path | None, args) -> tuple:
+    command = [sys.executable, __file__, "--child", kind, "--models", name, "--threads", str(args.threads)]
+    command += ["--budget", str(args.budget), "--work", str(cache.parent)]
+    command += ["--bank", str(bank)] if bank is not None else []
+    command += ["--lock-dir", str(lock_dir)] if lock_dir is not None else []
+    return command, {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache)}
+
+
+def run_children(jobs: list[tuple], args) -> list[dict[str, Any]]:
+    """Fresh processes started together, each ``(kind, name, bank, inductor cache, lock folder)``; their results
+    (``process_s``: the whole process, interpreter and imports included)."""
+    procs = []
+    for kind, name, bank, cache, lock_dir in jobs:
+        command, env = _child_command(kind, name, bank, cache, lock_dir, args)
+        procs.append(
+            (
+                subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env),
+                time.perf_counter(),
+                f"{kind} {name}",
+            )
+        )
+    results = []
+    for proc, start, what in procs:
+        out, err = proc.communicate()
+        if proc.returncode != 0:
+            raise RuntimeError(f"{what} failed:\n{err[-3000:]}")
+        results.append({**json.loads(out.strip().splitlines()[-1]), "process_s": time.perf_counter() - start})
+    return results
+
+
+def _load() -> list[float]:
+    return [round(v, 2) for v in os.getloadavg()]
+
+
+def _cache(work: Path, tag: str) -> Path:
+    folder = Path(tempfile.mkdtemp(prefix=f"inductor-{tag}-", dir=work))
+    return folder
+
+
+def bench_concurrent(pair: list[str], args, work: Path) -> dict[str, Any]:
+    """Issue #36: two tuners at once on this machine reach the verdicts each reaches alone, none inconclusive, and
+    a fresh process meets what each report claims."""
+    locks = work / "locks"
+    result: dict[str, Any] = {"models": pair, "load_before": _load()}
+    alone = [run_children([("tune", name, work / f"alone-{name}", _cache(work, "a"), locks)], args)[0] for name in pair]
+    result["alone"] = dict(zip(pair, alone, strict=True))
+    separate = [("tune", name, work / "separate-bank", _cache(work, "s"), work / f"own-locks-{name}") for name in pair]
+    result["together_without_turns"] = dict(zip(pair, run_children(separate, args), strict=True))
+    shared = [("tune", name, work / "shared-bank", _cache(work, "t"), locks) for name in pair]
+    together = run_children(shared, args)
+    result["together"] = dict(zip(pair, together, strict=True))
+    result["fresh_process"] = {name: fresh_process(name, work / "shared-bank", args.rounds) for name in pair}
+    result["load_after"] = _load()
+    checks = {}
+    for name, lone, both in zip(pair, alone, together, strict=True):
+        claimed = (both["call"] or {}).get("tuned_over_untuned", 1.0)
+        fresh = result["fresh_process"][name]["tuned/untuned"]
+        checks[name] = {
+            "inconclusive_together": both["inconclusive"],
+            "inconclusive_without_turns": result["together_without_turns"][name]["inconclusive"],
+            "same_verdicts_as_alone": [u[1:3] for u in both["units"]] == [u[1:3] for u in lone["units"]],
+            "waited_s": both["waits"]["waited_s"],
+            "report_tuned_over_untuned": claimed,
+            "fresh_tuned_over_untuned": fresh,
+            "claimed_gain_reached": claimed > 0.9 or fresh <= 0.9,
+        }
+    result["checks"] = checks
+    return result
+
+
+def bench_all_hit(name: str, args, work: Path) -> dict[str, Any]:
+    """Issue #36: a tuning run whose units are all in the bank against a plain compile and first call, each in a
+    fresh process with a fresh Inductor cache; and a second run over the first with one shared Inductor cache."""
+    reps = []
+    for rep in range(args.reps):
+        bank = work / f"hit-{name}-{rep}"
+        load = _load()
+        (first,) = run_children([("tune", name, bank, _cache(work, "f"), None)], args)
+        order = ["second", "plain", "bank"] if rep % 2 == 0 else ["plain", "bank", "second"]
+        kinds = {"second": ("tune", bank), "plain": ("plain", None), "bank": ("bank", bank)}
+        runs = {
+            key: run_children([(kinds[key][0], name, kinds[key][1], _cache(work, key), None)], args)[0] for key in order
+        }
+        cache = _cache(work, "shared")
+        (first_shared,) = run_children([("tune", name, work / f"shared-{name}-{rep}", cache, None)], args)
+        (second_shared,) = run_children([("tune", name, work / f"shared-{name}-{rep}", cache, None)], args)
+        reps.append(
+            {
+                "load": load,
+                "first_s": first["seconds"],
+                "second_s": runs["second"]["seconds"],
+                "plain_s": runs["plain"]["seconds"],
+                "with_bank_s": runs["bank"]["seconds"],
+                "second_measured_units": runs["second"]["measured_units"],
+                "second_counts": runs["second"]["counts"],
+                "second_turns": runs["second"]["waits"]["turns"],
+                "process_s": {key: runs[key]["process_s"] for key in order} | {"first": first["process_s"]},
+                "second_over_plain": runs["second"]["seconds"] / runs["plain"]["seconds"],
+                "shared_cache": {
+                    "first_s": first_shared["seconds"],
+                    "second_s": second_shared["seconds"],
+                    "second_over_first": second_shared["seconds"] / first_shared["seconds"],
+                },
+            }
+        )
+    median = statistics.median
+    return {
+        "model": name,
+        "reps": reps,
+        "second_over_plain": median(r["second_over_plain"] for r in reps),
+        "second_over_plain_of_medians": median(r["second_s"] for r in reps) / median(r["plain_s"] for r in reps),
+        "with_bank_over_plain": median(r["with_bank_s"] / r["plain_s"] for r in reps),
+        "shared_cache_second_over_first": median(r["shared_cache"]["second_over_first"] for r in reps),
+    }
+
+
+def update_section(path: str, section: str, value: Any) -> None:
+    """Write ``value`` as ``section`` of the JSON file at ``path``, keeping its other fields."""
+    target = Path(path)
+    data = json.loads(target.read_text()) if target.exists() else {}
+    data[section] = value
+    write_json(data, target)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="mlp,gelu-mlp-384,gelu-mlp-640,gelu-mlp-896,llama-decode,llama-prefill,cnn")
+    parser.add_argument("--mode", choices=["models", "concurrent", "all-hit"], default="models")
+    parser.add_argument("--pair", default="gelu-mlp-896,mlp", help="concurrent: the two models tuned at once")
+    parser.add_argument("--reps", type=int, default=2, help="all-hit: repetitions per model")
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads (default: 1, steadier when shared)")
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--budget", type=float, default=6.0, help="config.tuning.budget_s (seconds per unit)")
     parser.add_argument("--output", default="benchmarks/results/tuning_cpu.json")
     parser.add_argument("--fresh", metavar="BANK", help=argparse.SUPPRESS)  # fresh_process's child
+    parser.add_argument("--child", choices=["tune", "plain", "bank"], help=argparse.SUPPRESS)  # run_children's
+    parser.add_argument("--bank", help=argparse.SUPPRESS)
+    parser.add_argument("--lock-dir", help=argparse.SUPPRESS)
+    parser.add_argument("--work", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.fresh:
         print(json.dumps(measure_fresh(args.models, Path(args.fresh), args.rounds)))
         return 0
+    if args.child:
+        bank = Path(args.bank) if args.bank else None
+        print(json.dumps(child(args.child, args.models, bank, args.lock_dir, args.budget, Path(args.work))))
+        return 0
+    if args.mode != "models":
+        return issue36(args)
     for name in ("cache_size_limit", "recompile_limit"):  # several compiled variants of one model, side by side
         if hasattr(torch._dynamo.config, name):
             setattr(torch._dynamo.config, name, 64)
@@ -387,7 +560,37 @@ def main(argv: list[str] | None = None) -> int:
                 ),
                 flush=True,
             )
-            write_json(out, args.output)
+            for key, value in out.items():
+                update_section(args.output, key, value)
+    return 0
+
+
+def issue36(args) -> int:
+    section = {
+        **environment(torch.device("cpu")),
+        "threads": args.threads,
+        "settings": {"rounds": args.rounds, "budget_s": args.budget, "reps": args.reps},
+        "load_note": "a shared machine: other workers' processes ran beside these (load averages: 1, 5, 15 min)",
+    }
+    with tempfile.TemporaryDirectory(prefix="airgraph-tuning-36-") as folder:
+        work = Path(folder)
+        if args.mode == "concurrent":
+            result = bench_concurrent(args.pair.split(","), args, work)
+            print(json.dumps(result["checks"], indent=1), flush=True)
+            update_section(args.output, "concurrent", {**section, **result})
+            return 0
+        section["models"] = []
+        for name in args.models.split(","):
+            print(f"== all-hit {name}", file=sys.stderr, flush=True)
+            section["models"].append(bench_all_hit(name, args, work))
+            found = section["models"][-1]
+            print(
+                f"{name}: all-hit / plain {found['second_over_plain']:.2f} (with the bank / plain "
+                f"{found['with_bank_over_plain']:.2f}); shared cache: second / first "
+                f"{found['shared_cache_second_over_first']:.2f}",
+                flush=True,
+            )
+            update_section(args.output, "all_hit", section)
     return 0
 
 
