@@ -233,13 +233,22 @@ class BankFile:
         self._reset()
 
 
-def is_stale(file: BankFile, entry: Entry | None, current: Collection[Path], candidates: dict[str, int]) -> bool:
+Versions = dict[str, Any]  # kind -> the current version of its candidate set, or device type -> version
+
+
+def is_stale(file: BankFile, entry: Entry | None, current: Collection[Path], candidates: Versions) -> bool:
     """Whether ``entry`` of ``file`` (``entry`` None: the whole file) is never used: a file that is not one of the
     ``current`` environments' files (their paths) or that cannot be read (its ``problem``), or an entry measured
-    with another version of its kind's candidate set (``candidates``: kind -> current version)."""
+    with another version of its kind's candidate set on the file's device type (``candidates``: kind -> current
+    version, or kind -> device type -> current version)."""
     if file.path not in current or file.problem is not None:
         return True
-    return entry is not None and entry.candidates != candidates.get(entry.kind)
+    if entry is None:
+        return False
+    version = candidates.get(entry.kind)
+    if isinstance(version, dict):
+        version = version.get((file.env or {}).get("device_type", "cpu"))
+    return entry.candidates != version
 
 
 class Bank:
@@ -269,7 +278,7 @@ class Bank:
             found.append(self._files.get(path.name) or self._found[path.name])
         return found
 
-    def stale_bases(self, current: BankFile, candidates: dict[str, int]) -> set[str]:
+    def stale_bases(self, current: BankFile, candidates: Versions) -> set[str]:
         """Units with stale records (:func:`is_stale`; ``current``: this environment's file)."""
         return {
             entry.base
@@ -278,7 +287,7 @@ class Bank:
             if is_stale(bank_file, entry, {current.path}, candidates)
         }
 
-    def prune(self, current: list[BankFile], candidates: dict[str, int], *, everything: bool = False) -> dict:
+    def prune(self, current: list[BankFile], candidates: Versions, *, everything: bool = False) -> dict:
         """Remove what is never used: stale files and records (:func:`is_stale`), superseded records (and with
         ``everything``, all). Returns counts: files removed, records kept and dropped."""
         current_paths = {f.path for f in current}

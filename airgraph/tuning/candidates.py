@@ -3,14 +3,16 @@
 A candidate is a JSON-able choice ``{"tune_mode", "name", "options"}``, stored as is in the bank. ``tune_mode`` is
 the seed's kind of operator tuning (``Impl``: which implementation; ``Format``: a layout; ``Schedule``: the
 chosen kernel's configuration) or ``Subgraph`` for a segment. Changing what a set holds changes its version
-(:data:`VERSIONS`), which is in every key: entries measured against another set are stale, never used.
+(:data:`VERSIONS`, per device type), which is in every key: entries measured against another set are stale.
 
 Operators (OPAT), per unit category (tuning/operators.py), cheapest first, so a unit whose time budget runs out
 (``config.tuning.budget_s``) has measured the likeliest ones:
 
-- ``linear``: Impl ``onednn-packed``, ``mkl-packed`` (CPU), ``template`` (Inductor's C++ GEMM template on the CPU,
-  Triton on CUDA: Inductor picks among its Triton configs when it compiles it), Format ``pretransposed``, Schedule
-  ``template`` with the C++ template's k-slicing and thread-blocking settings (CPU);
+- ``linear``: CPU: Impl ``onednn-packed``, ``mkl-packed``, ``template`` (Inductor's C++ GEMM template), Format
+  ``pretransposed``, Schedule ``template`` with the template's k-slicing and thread-blocking settings; CUDA:
+  Format ``pretransposed``, Impl ``cublas`` (an ``addmm`` without cuBLASLt's bias epilogue) or ``cublaslt`` (an
+  ``mm`` of 2+ rows through it), Schedule ``split-k 2/4/8`` (skinny GEMMs: linear.split_k_shape), Impl
+  ``template`` (Inductor's Triton GEMM templates, autotuned among their configs when compiled; last: a compile);
 - ``matmul``: Format ``contiguous`` (operands copied to contiguous memory first);
 - ``attention``: Impl: the device's other SDPA kernels (CPU: flash, math; CUDA: flash, efficient, cudnn, math);
 - ``conv``: Format ``channels_last``.
@@ -28,12 +30,18 @@ from typing import Any
 
 import torch
 
-from airgraph.tuning.linear import available
+from airgraph.tuning.linear import available, split_k_shape
 from airgraph.tuning.operators import OpUnit
 
-__all__ = ["VERSIONS", "default_choice", "op_candidates", "subgraph_candidates"]
+__all__ = ["VERSIONS", "default_choice", "op_candidates", "subgraph_candidates", "version"]
 
-VERSIONS = {"op": 1, "subgraph": 1}
+# kind -> device type -> version (op on CUDA 2: cuBLAS, cuBLASLt and split-K joined the Triton template).
+VERSIONS = {"op": {"cpu": 1, "cuda": 2}, "subgraph": {"cpu": 1, "cuda": 1}}
+
+
+def version(kind: str, device_type: str) -> int:
+    """The version of ``kind``'s candidate set on ``device_type`` (another device type: the CPU's)."""
+    return VERSIONS[kind].get(device_type, VERSIONS[kind]["cpu"])
 
 
 def choice(tune_mode: str, name: str, **options: Any) -> dict[str, Any]:
@@ -50,6 +58,8 @@ def op_candidates(unit: OpUnit, device: torch.device, inference: bool) -> list[d
     if unit.category == "linear":
         if not inference:  # prepared weights are cached per weight: a training step updates them every time
             return []
+        if device.type == "cuda":
+            return _cuda_linear(unit, device)
         found = [
             choice("Impl", impl, impl=impl)
             for impl in ("onednn-packed", "mkl-packed")
@@ -70,6 +80,25 @@ def op_candidates(unit: OpUnit, device: torch.device, inference: bool) -> list[d
     if unit.category == "conv":
         return [choice("Format", "channels_last")]
     return []
+
+
+def _cuda_linear(unit: OpUnit, device: torch.device) -> list[dict[str, Any]]:
+    """A weight GEMM's candidates on CUDA, cheapest first (module docstring)."""
+    found = [choice("Format", "pretransposed", impl="pretransposed")]
+    rows, depth = (unit.inputs[0].meta["val"].shape[i] for i in (0, 1))  # x: (M, K)
+    static = isinstance(rows, int) and isinstance(depth, int)
+    if unit.op_type == "addmm" and available("cublas", device, unit.dtype):
+        found.append(choice("Impl", "cublas", impl="cublas"))
+    elif unit.op_type == "mm" and static and rows > 1 and available("cublaslt", device, unit.dtype):
+        found.append(choice("Impl", "cublaslt", impl="cublaslt"))
+    if static and available("split-k", device, unit.dtype):
+        for splits in (2, 4, 8):
+            if split_k_shape(rows, depth, splits):
+                schedule = json.dumps({"splits": splits})
+                found.append(choice("Schedule", f"split-k {splits}", impl="split-k", schedule=schedule))
+    if available("template", device, unit.dtype):
+        found.append(choice("Impl", "template", impl="template", schedule=""))
+    return found
 
 
 def _cpp_schedules() -> list[tuple[str, dict[str, Any]]]:

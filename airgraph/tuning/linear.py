@@ -10,7 +10,12 @@ both kernel backends lower it (Inductor calls it as an extern kernel). The imple
   freezing path);
 - ``pretransposed``: ATen's addmm on a contiguous copy of ``weight.T`` (the Format choice);
 - ``template``: Inductor's GEMM template (C++ on the CPU, Triton on CUDA) compiled for this weight as a constant,
-  with the Schedule's Inductor options (``schedule``: JSON, e.g. ``{"cpp.gemm_max_k_slices": 0}``).
+  with the Schedule's Inductor options (``schedule``: JSON, e.g. ``{"cpp.gemm_max_k_slices": 0}``);
+- CUDA: ``cublas``: cuBLAS's GEMM, the bias added by a kernel of its own (ATen sends ``addmm`` with a 1-D bias to
+  cuBLASLt's bias epilogue); ``cublaslt``: cuBLASLt for a GEMM without a bias (``addmm`` with a zero 1-D bias;
+  ATen sends ``mm`` to cuBLAS), both of ATen's routing rules (``aten/src/ATen/native/cuda/Blas.cpp``: 2+ rows);
+  ``split-k``: the reduction dimension cut into ``{"splits": S}`` slices multiplied as one batched GEMM, then
+  summed: more blocks for the skinny GEMMs of decode (a row or a few, a long K).
 
 Prepared weights are cached per weight tensor and checked on every call against the weight's storage and version
 counter: an in-place update (``copy_``, an optimizer step) or a new tensor prepares it again, so a cached form never
@@ -29,7 +34,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from airgraph.lowering import aot
 
-__all__ = ["IMPLS", "TUNED_LINEAR", "available", "tuned_linear"]
+__all__ = ["IMPLS", "TUNED_LINEAR", "available", "split_k_shape", "tuned_linear"]
 
 
 @torch.library.custom_op("airgraph::tuned_linear", mutates_args=())
@@ -121,12 +126,46 @@ def _compile_template(
     return compiled
 
 
+def _cublas(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, schedule: str) -> torch.Tensor:
+    out = torch.mm(x, weight.t())
+    return out if bias is None else out.add_(bias)
+
+
+def _cublaslt(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, schedule: str) -> torch.Tensor:
+    if bias is None:
+        bias = _cached(weight, ("zero bias",), lambda: weight.new_zeros(weight.shape[0]))
+    return torch.addmm(bias, x, weight.t())
+
+
+def split_k_shape(m: int, k: int, splits: int) -> bool:
+    """Whether a GEMM of ``m`` rows and reduction ``k`` takes ``splits`` slices of K: a skinny GEMM (16 rows at
+    most) whose K divides into slices of 256 or more, a multiple of 16 (aligned tensor-core tiles)."""
+    return m <= 16 and k % splits == 0 and k // splits >= 256 and (k // splits) % 16 == 0
+
+
+def _split_k(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, schedule: str) -> torch.Tensor:
+    splits = int(json.loads(schedule)["splits"])
+    (m, k), n = x.shape, weight.shape[0]
+    if k % splits or not x.is_contiguous() or not weight.is_contiguous():
+        raise ValueError(f"split-k: {splits} slices of a ({m}, {k}) x ({k}, {n}) GEMM need K divisible, contiguous")
+    # (S, M, K/S) @ (S, K/S, N): views of x and of the weight as it is (one batched GEMM, no copy), then the sum.
+    parts = torch.bmm(
+        x.view(m, splits, k // splits).transpose(0, 1), weight.view(n, splits, k // splits).permute(1, 2, 0)
+    )
+    out = parts.sum(0)
+    return out if bias is None else out.add_(bias)
+
+
 IMPLS: dict[str, Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None, str], torch.Tensor]] = {
     "onednn-packed": _onednn,
     "mkl-packed": _mkl,
     "pretransposed": _pretransposed,
     "template": _template,
+    "cublas": _cublas,
+    "cublaslt": _cublaslt,
+    "split-k": _split_k,
 }
+CUDA_ONLY = ("cublas", "cublaslt", "split-k")  # computed on any device, offered on CUDA (candidates.py)
 
 
 def available(impl: str, device: torch.device, dtype: torch.dtype) -> bool:
@@ -139,6 +178,8 @@ def available(impl: str, device: torch.device, dtype: torch.dtype) -> bool:
         return device.type == "cpu" and torch.backends.mkl.is_available() and dtype == torch.float32
     if impl == "template":
         return device.type == "cpu" or (device.type == "cuda" and _has_triton())
+    if impl in CUDA_ONLY:
+        return device.type == "cuda" and dtype in (torch.float32, torch.float16, torch.bfloat16)
     return impl in IMPLS
 
 

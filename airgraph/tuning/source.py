@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from airgraph.lowering.select import Impl
 from airgraph.tuning.bank import TUNED, Bank, BankFile
-from airgraph.tuning.candidates import VERSIONS, op_candidates
+from airgraph.tuning.candidates import op_candidates, version
 from airgraph.tuning.env import current
 from airgraph.tuning.keys import unit_base, unit_key
 from airgraph.tuning.operators import find_units, op_graph
@@ -41,15 +41,17 @@ def bank_file(bank: Bank, device: torch.device) -> tuple[BankFile, str]:
     return bank.file_for(env, digest), digest
 
 
-def segment_key(segment: Segment, digest: str) -> tuple[str, str] | None:
+def segment_key(segment: Segment, digest: str, device_type: str) -> tuple[str, str] | None:
     """(base, key) of a segment as a subgraph unit, from its traced input values; None with symbolic shapes."""
     base = unit_base("subgraph", segment.gm, segment.example_inputs())
-    return None if base is None else (base, unit_key(base, digest, VERSIONS["subgraph"]))
+    return None if base is None else (base, unit_key(base, digest, version("subgraph", device_type)))
 
 
-def op_key(op_gm: torch.fx.GraphModule, example_inputs: list[Any], digest: str) -> tuple[str, str] | None:
+def op_key(
+    op_gm: torch.fx.GraphModule, example_inputs: list[Any], digest: str, device_type: str
+) -> tuple[str, str] | None:
     base = unit_base("op", op_gm, example_inputs)
-    return None if base is None else (base, unit_key(base, digest, VERSIONS["op"]))
+    return None if base is None else (base, unit_key(base, digest, version("op", device_type)))
 
 
 def impl_for(choice: dict[str, Any], key: str, frozen: list[int]) -> Impl | None:
@@ -76,7 +78,7 @@ class BankSource:
         file, digest = bank_file(self.bank, request.device)
         if not file.entries():  # a missing file has none
             return None
-        keys = segment_key(segment, digest)
+        keys = segment_key(segment, digest, request.device.type)
         entry = file.lookup(keys[1]) if keys is not None else None
         if entry is not None and entry.status == TUNED:
             frozen = segment_frozen(segment, freezable_positions(request.kind))
@@ -90,7 +92,7 @@ class BankSource:
         used: list[str] = []
         inference = request.kind == "inference"
         for unit in find_units(segment.gm):
-            keys = op_key(op_graph(unit), [n.meta.get("val") for n in unit.inputs], digest)
+            keys = op_key(op_graph(unit), [n.meta.get("val") for n in unit.inputs], digest, request.device.type)
             entry = file.lookup(keys[1]) if keys is not None else None
             if entry is None or entry.status != TUNED:
                 continue

@@ -48,7 +48,7 @@ from airgraph.lowering.select import GraphRequest, Impl, choose
 from airgraph.report.schema import GraphReport
 from airgraph.runtime.executor import build_executor
 from airgraph.tuning.bank import TUNED, UNSATISFIED, Bank, BankFile, Entry
-from airgraph.tuning.candidates import VERSIONS
+from airgraph.tuning.candidates import VERSIONS, version
 from airgraph.tuning.measure import beats, check, decide, fresh_inputs, reference_outputs, time_side_by_side
 from airgraph.tuning.params import freezable_positions
 from airgraph.tuning.report import FAILED, SUCCESSFUL, TuneReport, TuneTask
@@ -90,7 +90,7 @@ class Tuner(UnitMeasuring):
             if seg.sync or seg.placement == HOST or seg.gm is None:
                 continue
             tunable = choose(seg, request).chosen_by in ("config", "tuning")
-            if tunable and self._look_up(0, seg, task, file, digest, set(), seen):
+            if tunable and self._look_up(0, request.device.type, seg, task, file, digest, set(), seen):
                 return request
         self.plain_graphs += 1
         return dataclasses.replace(request, tuning=None)
@@ -146,7 +146,9 @@ class Tuner(UnitMeasuring):
                 job
                 for seg in graph.segments
                 if _tunable(seg)
-                for job in self._look_up(graph.report.id, seg, task, file, digest, stale, seen)
+                for job in self._look_up(
+                    graph.report.id, graph.request.device.type, seg, task, file, digest, stale, seen
+                )
             ]
         except Exception as exc:
             self._fail(task, exc)
@@ -360,7 +362,7 @@ class Tuner(UnitMeasuring):
             base=item.base,
             name=outcome.name,
             op_type=outcome.op_type,
-            candidates=VERSIONS[self.mode],
+            candidates=version(self.mode, (file.env or {}).get("device_type", "cpu")),
             choice=choice,
             before_us=outcome.before_us,
             after_us=outcome.after_us,

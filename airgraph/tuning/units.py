@@ -114,6 +114,7 @@ class UnitMeasuring:
     def _look_up(
         self,
         graph_id: int,
+        device_type: str,
         seg: Segment,
         task: TuneTask,
         file: BankFile,
@@ -121,10 +122,10 @@ class UnitMeasuring:
         stale: set[str],
         seen: dict[str, Job],
     ) -> list[Job]:
-        """The units of ``seg`` (of graph ``graph_id``) the bank does not answer (hits are counted on ``task``);
-        ``seen``: operator key -> the job measuring it in this graph."""
+        """The units of ``seg`` (of graph ``graph_id``, on ``device_type``) the bank does not answer (hits are
+        counted on ``task``); ``seen``: operator key -> the job measuring it in this graph."""
         if self.mode == "subgraph":
-            keys = segment_key(seg, digest)
+            keys = segment_key(seg, digest, device_type)
             if keys is None:
                 task.dynamic += 1
                 return []
@@ -137,7 +138,7 @@ class UnitMeasuring:
             if not unit.matches(self.config.tuning.ops):
                 continue
             op_gm = op_graph(unit)
-            keys = op_key(op_gm, [n.meta.get("val") for n in unit.inputs], digest)
+            keys = op_key(op_gm, [n.meta.get("val") for n in unit.inputs], digest, device_type)
             if keys is None:
                 task.dynamic += 1
                 continue

@@ -85,7 +85,7 @@ def test_list_stale_bases_and_prune_agree_on_what_is_stale(tmp_path, capsys):
     current, _ = bank_file(Bank(folder), torch.device("cpu"))
     current.commit(bank_entry("in-use", base="unit-1"))
     outdated = bank_entry("old-candidates", base="unit-2")
-    outdated.candidates = VERSIONS["op"] - 1
+    outdated.candidates = VERSIONS["op"]["cpu"] - 1
     current.commit(outdated)
     Bank(folder).file_for({**ENV, "torch": "2.12.0"}, "other").commit(bank_entry("other-torch", base="unit-3"))
     unreadable = folder / bank_file_name(ENV, "unreadable")  # another format version: no entry is read from it

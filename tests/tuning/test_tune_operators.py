@@ -11,8 +11,11 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from airgraph.lowering.aten import compile_aten
 from airgraph.tuning import linear
 from airgraph.tuning.candidates import op_candidates
+from airgraph.tuning.measure import TOLERANCES
 from airgraph.tuning.operators import apply_op_choices, find_units, op_graph
 from tests.helpers import assert_close
+
+CPU = torch.device("cpu")
 
 
 def aten_graph(fn, *args):
@@ -66,6 +69,43 @@ def test_prepared_weights_follow_in_place_updates(mlp_args):
         w.mul_(2)  # an optimizer step, a load_state_dict: the packed copy must not go stale
     assert_close(linear.tuned_linear(x, w, b1, "onednn-packed", ""), F.linear(x, w, b1))
     assert_close(linear.tuned_linear(x, w1, b1, "pretransposed", ""), F.linear(x, w1, b1))  # another tensor
+
+
+def decode_mlp(x, w1, w2, b2):
+    return F.linear(F.relu(F.linear(x, w1)), w2, b2)  # mm(x, t(w1)), then addmm(b2, h, t(w2))
+
+
+@pytest.mark.parametrize("rows", [1, 4])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_cuda_candidates_are_offered_where_they_differ_and_match_eager(rows, dtype):
+    """cuBLAS, cuBLASLt and split-K (linear.py) are plain ATen calls: checked here on the CPU against eager, in the
+    dtypes decode runs in; offered on CUDA only, each where it differs from what ATen does by itself."""
+    torch.manual_seed(0)
+    w1, w2 = torch.randn(512, 1024) / 1024**0.5, torch.randn(1024, 512) / 512**0.5  # nn.Linear's scale
+    args = tuple(a.to(dtype) for a in (torch.randn(rows, 1024), w1, w2, torch.randn(1024)))
+    gm = aten_graph(decode_mlp, *args)
+    up, down = find_units(gm)
+    assert (up.op_type, down.op_type) == ("mm", "addmm")
+    cuda = torch.device("cuda")
+    names = [[c["name"] for c in op_candidates(unit, cuda, inference=True)] for unit in (up, down)]
+    lt = ["cublaslt"] if rows > 1 else []  # ATen sends a one-row addmm to cuBLAS, not cuBLASLt
+    assert names == [["pretransposed", *lt, "split-k 2", "split-k 4"], ["pretransposed", "cublas", "split-k 2"]]
+    assert all(c["name"] not in ("cublas", "cublaslt", "split-k 2") for c in op_candidates(up, CPU, True))
+    if dtype == torch.float32:  # the CPU's set stays as it was
+        assert [c["name"] for c in op_candidates(up, CPU, True)][:2] == ["onednn-packed", "mkl-packed"]
+    expected = decode_mlp(*args)
+    for unit, cands in ((up, op_candidates(up, cuda, True)), (down, op_candidates(down, cuda, True))):
+        for cand in cands:  # within the tolerance the tuner checks candidates with
+            tuned = apply_op_choices(gm, {unit.node.name: cand})
+            torch.testing.assert_close(run(tuned, *args)[0], expected, **TOLERANCES[dtype], msg=cand["name"])
+
+
+def test_split_k_refuses_a_reduction_it_cannot_cut():
+    x, w = torch.randn(1, 1000), torch.randn(8, 1000)
+    with pytest.raises(ValueError, match=r"split-k: 3 slices of a \(1, 1000\) x \(1000, 8\) GEMM need K divisible"):
+        linear.tuned_linear(x, w, None, "split-k", '{"splits": 3}')
+    assert linear.split_k_shape(1, 8192, 8) and not linear.split_k_shape(32, 8192, 8)  # skinny only
+    assert not linear.split_k_shape(1, 2048, 16)  # slices of 128: too short
 
 
 def test_unknown_implementation_is_refused(mlp_args):

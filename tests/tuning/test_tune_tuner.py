@@ -623,3 +623,39 @@ def test_the_whole_call_takes_the_banks_choices_where_a_graph_was_all_hits(tmp_p
     tuned = _call_cost(torch.compile(model, backend=AirgraphBackend(with_bank, runtime=runtime)), x, runtime)
     untuned = _call_cost(torch.compile(model, backend=AirgraphBackend(without, runtime=runtime)), x, runtime)
     assert (report.call.tuned_us, report.call.untuned_us) == (pytest.approx(tuned * 1e6), pytest.approx(untuned * 1e6))
+
+
+class _Decode(torch.nn.Module):
+    """Two GEMMs as a decode step has them: a bias-free one with a long reduction, then one with a bias."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up, self.down = torch.nn.Linear(1024, 256, bias=False), torch.nn.Linear(256, 1024)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(torch.relu(self.up(x)))
+
+
+def test_operator_tuning_on_a_cuda_device_builds_checks_and_measures_the_cuda_candidates(tmp_path):
+    """On the simulator's CUDA device (its cost model for a clock): each GEMM's CUDA candidates (cuBLAS or cuBLASLt,
+    split-K, a pre-transposed weight) are compiled, pass their check against the default's outputs and are timed;
+    the verdicts go into the CUDA environment's bank file under CUDA's candidate-set version."""
+    from airgraph.tuning.candidates import version
+
+    torch.manual_seed(0)
+    sim = SimulatedCuda()
+    model, x = sim.to_device(_Decode().eval()), sim.to_device(torch.randn(4, 1024))
+    backend = AirgraphBackend(tuning_config(tmp_path, "op", kernel_backend="aten"), runtime=sim)
+    with torch.no_grad(), sim.call():
+        assert_close(torch.compile(model, backend=backend)(x), model(x))
+    assert backend.reports[0].device == "cuda:0"
+    (task,) = backend.tuner.report.tasks
+    measured = {o.name: set(o.measured) for o in task.outcomes}
+    assert measured == {
+        "up/mm": {"default", "pretransposed", "cublaslt", "split-k 2", "split-k 4"},
+        "down/addmm": {"default", "pretransposed", "cublas"},
+    }
+    assert task.dropped == [] and all(o.status == "unsatisfied" for o in task.outcomes)  # one launch each: ties
+    (file,) = [BankFile(f) for f in (tmp_path / "bank").glob("*.jsonl")]
+    assert file.env["device_type"] == "cuda"
+    assert {e.candidates for e in file.entries().values()} == {version("op", "cuda")} != {version("op", "cpu")}
