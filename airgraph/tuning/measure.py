@@ -6,7 +6,8 @@
 - **Timed through the device runtime** (runtime/device.py ``time``: CUDA events on CUDA, ``perf_counter`` on the
   CPU, the simulator's cost model in tests): each ``time`` call is the median of ``iters`` calls after a warm-up
   call. Candidates are timed in interleaved rounds (default, a, b, default, a, b, ...), so load from other
-  processes hits all of them alike; a candidate's time is the median of its rounds.
+  processes hits all of them alike; a candidate's time is the median of its rounds. A graph that reduce-overhead
+  replays on CUDA is timed by :class:`DeviceClock`: its kernels back to back, no host launching between them.
 - **Busy machines say so**: a verdict that the default won needs quiet measurements, or a default that beats
   every candidate as a winner must beat it (below): while neither holds, the rounds are measured again (up to
   :data:`REPEATS` more times, the rounds pooled); still so, the unit is *inconclusive*: reported with its spread,
@@ -34,6 +35,7 @@ __all__ = [
     "NOISY",
     "Budget",
     "Decision",
+    "DeviceClock",
     "Timing",
     "beats",
     "check",
@@ -140,11 +142,34 @@ def reference_outputs(fn: Callable[[list], Any], inputs: list[Any], written: fro
 
 
 def iterations(fn: Callable[[list], Any], inputs: list[Any], runtime: Any) -> int:
-    """How many calls one ``time`` call makes, so that it takes about ROUND_SECONDS."""
+    """How many calls one ``time`` call makes, so that it takes about ROUND_SECONDS of the measured time or of the
+    wall clock, the longer (a clock that hides the host's launching spends more than it measures)."""
+    start = time.perf_counter()
     one = runtime.time(fn, inputs, 1)
-    if one <= 0:
+    per_call = max(one, (time.perf_counter() - start) / 2)  # the warm-up call and the timed one
+    if per_call <= 0:
         return 3
-    return max(3, min(200, int(ROUND_SECONDS / one)))
+    return max(3, min(200, int(ROUND_SECONDS / per_call)))
+
+
+class DeviceClock:
+    """A CUDA runtime's clock for a graph that reduce-overhead replays: ``time`` is the runtime's ``device_time``,
+    the call's kernels back to back (a replay launches none from the host), finding the L2 cache overwritten
+    where the graph's inputs outgrow it (``flush_l2``: a layer then reads its weights from HBM in every step)."""
+
+    def __init__(self, runtime: Any, flush_l2: bool) -> None:
+        self.runtime, self.flush_l2 = runtime, flush_l2
+
+    @classmethod
+    def of(cls, runtime: Any, device: Any, mode: str, input_bytes: int) -> Any:
+        """The clock to measure a graph of ``input_bytes`` with: this one where reduce-overhead replays it on a
+        CUDA runtime that has ``device_time``, else ``runtime`` itself."""
+        if mode != "reduce-overhead" or device.type != "cuda" or not hasattr(runtime, "device_time"):
+            return runtime
+        return cls(runtime, input_bytes > runtime.l2_bytes(device))
+
+    def time(self, fn: Callable[[list], Any], args: list, iters: int) -> float:
+        return self.runtime.device_time(fn, args, iters, flush_l2=self.flush_l2)
 
 
 def time_side_by_side(

@@ -49,7 +49,15 @@ from airgraph.report.schema import GraphReport
 from airgraph.runtime.executor import build_executor
 from airgraph.tuning.bank import TUNED, UNSATISFIED, Bank, BankFile, Entry
 from airgraph.tuning.candidates import VERSIONS, version
-from airgraph.tuning.measure import beats, check, decide, fresh_inputs, reference_outputs, time_side_by_side
+from airgraph.tuning.measure import (
+    DeviceClock,
+    beats,
+    check,
+    decide,
+    fresh_inputs,
+    reference_outputs,
+    time_side_by_side,
+)
 from airgraph.tuning.params import freezable_positions
 from airgraph.tuning.report import FAILED, SUCCESSFUL, TuneReport, TuneTask
 from airgraph.tuning.source import bank_file
@@ -126,6 +134,10 @@ class Tuner(UnitMeasuring):
             freezable=freezable_positions(request.kind),
             mutated={i for i, p in enumerate(placeholders) if p in mutated},
         )
+        values = [p.meta.get("val") for p in placeholders]
+        tensors = [v for v in values if isinstance(v, torch.Tensor) and isinstance(v.numel(), int)]
+        input_bytes = sum(v.numel() * v.element_size() for v in tensors)
+        graph.clock = DeviceClock.of(runtime, request.device, self.config.mode, input_bytes)
         return _FirstRun(self, run, graph)
 
     def _emit(self, event: str, **info: Any) -> None:
@@ -274,13 +286,13 @@ class Tuner(UnitMeasuring):
         device = graph.request.device
         if not changed:
             with self.turns.turn(device) as waited:
-                timings = time_side_by_side({"default": run}, values, graph.runtime, written=graph.mutated)
+                timings = time_side_by_side({"default": run}, values, graph.timer, written=graph.mutated)
             task.waited_s += waited
             task.model_before_ms = task.model_after_ms = timings["default"].median * 1e3
             return run
         new_run = graph.rebuild()
         with self.turns.turn(device) as waited:
-            decision = decide({"default": run, "tuned": new_run}, values, graph.runtime, written=graph.mutated)
+            decision = decide({"default": run, "tuned": new_run}, values, graph.timer, written=graph.mutated)
         task.waited_s += waited
         task.model_before_ms = decision.timings["default"].median * 1e3
         task.model_after_ms = decision.timings["tuned"].median * 1e3

@@ -58,6 +58,11 @@ class TunedGraph:
     rebuild: Callable[[], Callable[[list], Any]]  # a new executor over the segments as they are now
     freezable: set[int] = field(default_factory=set)  # graph input positions that are frozen-able weights
     mutated: set[int] = field(default_factory=set)  # graph input positions the graph writes
+    clock: Any = None  # what its units and the whole graph are timed with (measure.DeviceClock); None: runtime
+
+    @property
+    def timer(self) -> Any:
+        return self.clock if self.clock is not None else self.runtime
 
 
 @dataclass
@@ -275,7 +280,7 @@ class UnitMeasuring:
         """Time ``built``'s default and candidates side by side, holding the device's turn; set its choice."""
         with self.turns.turn(graph.request.device) as waited:
             start = time.perf_counter()
-            decision = decide(built.fns, built.inputs, graph.runtime, written=built.written)
+            decision = decide(built.fns, built.inputs, graph.timer, written=built.written)
         item = built.job.item
         item.outcome.waited_s += waited
         _settle(item, decision, built.choices, built.seconds + time.perf_counter() - start)
