@@ -498,11 +498,16 @@ def bench_all_hit(name: str, args, work: Path) -> dict[str, Any]:
     }
 
 
-def update_section(path: str, section: str, value: Any) -> None:
-    """Write ``value`` as ``section`` of the JSON file at ``path``, keeping its other fields."""
+def update_section(path: str, section: str, value: Any, *, run: int | None = None) -> None:
+    """Write ``value`` as ``section`` of the JSON file at ``path``, keeping its other fields; with ``run``, as that
+    entry of the section's list of runs (a figure from one run is a sample: each mode is run twice)."""
     target = Path(path)
     data = json.loads(target.read_text()) if target.exists() else {}
-    data[section] = value
+    if run is None:
+        data[section] = value
+    else:
+        runs = data.get(section) if isinstance(data.get(section), list) else []
+        data[section] = [*runs[:run], value]
     write_json(data, target)
 
 
@@ -512,6 +517,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mode", choices=["models", "concurrent", "all-hit"], default="models")
     parser.add_argument("--pair", default="gelu-mlp-896,mlp", help="concurrent: the two models tuned at once")
     parser.add_argument("--reps", type=int, default=2, help="all-hit: repetitions per model")
+    parser.add_argument("--run", type=int, default=0, help="concurrent, all-hit: the run's place in its section's list")
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads (default: 1, steadier when shared)")
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--budget", type=float, default=6.0, help="config.tuning.budget_s (seconds per unit)")
@@ -577,7 +583,7 @@ def issue36(args) -> int:
         if args.mode == "concurrent":
             result = bench_concurrent(args.pair.split(","), args, work)
             print(json.dumps(result["checks"], indent=1), flush=True)
-            update_section(args.output, "concurrent", {**section, **result})
+            update_section(args.output, "concurrent", {**section, **result}, run=args.run)
             return 0
         section["models"] = []
         for name in args.models.split(","):
@@ -590,7 +596,7 @@ def issue36(args) -> int:
                 f"{found['shared_cache_second_over_first']:.2f}",
                 flush=True,
             )
-            update_section(args.output, "all_hit", section)
+            update_section(args.output, "all_hit", section, run=args.run)
     return 0
 
 
