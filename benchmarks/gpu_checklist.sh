@@ -2,7 +2,7 @@
 # Everything a GPU session runs, in one device call: the CUDA tests, then the GPU benchmarks, each writing its
 # benchmarks/results/*_cuda.json.
 #
-#   bash benchmarks/gpu_checklist.sh [OUT] [quick|roofline|serving|cuda|tests|bench|all|followup]
+#   bash benchmarks/gpu_checklist.sh [OUT] [quick|roofline|serving|cuda|tests|bench|all|followup|tuning]
 #
 # quick (the default) fits a 15-minute lease with a minute or two to start the machine: one call that BUDGET bounds,
 # run with the device tool's timeout_s=600; BUDGET (seconds, default 560) is when quick mode must be done. First the
@@ -20,6 +20,9 @@
 # calls, `tests` then `bench`). followup, a second call on the same lease: HF generate on the 1b preset (bf16,
 # batch 1: hf_generate_1b_cuda.json), at batch 8, then at batch 1 with in-graph input copies beside airgraph's
 # default and torch.compile reduce-overhead (hf_generate_batch8_cuda.json, hf_generate_in_graph_cuda.json), in BUDGET.
+# After the decode benchmark (quick, cuda: if 240 s of BUDGET are left), and alone after the tuning cuda tests in
+# tuning mode (in BUDGET): tuning on the GPU (#36, benchmarks/tuning.py --device cuda: the 1B preset's decode step
+# and a prefill op-tuned in reduce-overhead against untuned in a fresh process, tuning_cuda.json after each model).
 #
 # The device tool returns at most 8 files from OUT, and nothing written after it kills a call: after every step the
 # logs and the result files written so far are packed again into OUT/gpu-run.tgz, and OUT/summary.txt (also
@@ -76,6 +79,18 @@ roofline() {
     cp "$out/llm_roofline.log" "$logs/"
     pack
 }
+# tuning_bench SECONDS LEAST: benchmarks/tuning.py --device cuda (#36); outside `all`, at most what is left of BUDGET,
+# and skipped under LEAST seconds. It writes tuning_cuda.json after each model, so one cut short keeps what it measured.
+tuning_bench() {
+    local limit=$1 least=$2 now
+    now=$(budget_left)
+    if [[ "$what" != all ]] && ((now < least)); then
+        echo "tuning-cuda skipped: ${now} s left of the ${budget} s budget" | tee -a "$out/summary.txt"
+        return
+    fi
+    [[ "$what" != all ]] && ((now < limit)) && limit=$now
+    step tuning-cuda "$limit" $py benchmarks/tuning.py --device cuda --output benchmarks/results/tuning_cuda.json
+}
 if make setup PYTHON="${PYTHON:-python3}" >"$logs/setup.log" 2>&1; then
     py=.venv/bin/python
 else
@@ -105,6 +120,13 @@ if [[ "$what" == followup ]]; then
     else
         echo "hf_generate-in-graph skipped: ${now} s left of the ${budget} s budget" | tee -a "$out/summary.txt"
     fi
+    pack
+    exit 0
+fi
+if [[ "$what" == tuning ]]; then
+    step test-cuda-tuning 240 $py -m pytest -q -m cuda tests/tuning -p no:cacheprovider -rfE --tb=short
+    tuning_bench "$budget" 240
+    tail -n 3 "$logs"/test-*.log 2>/dev/null | tee -a "$out/summary.txt"
     pack
     exit 0
 fi
@@ -156,6 +178,7 @@ if [[ "$what" != tests ]]; then
                 --output benchmarks/results/llama_decode_${preset}_cuda$suffix.json
         done
     done
+    tuning_bench 600 240
     if [[ "$what" != quick && "$what" != cuda ]]; then
         step multistream 420 $py benchmarks/multistream.py
         step host_placement 420 $py benchmarks/host_placement.py

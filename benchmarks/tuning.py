@@ -23,6 +23,9 @@ run <= 0.2 of the first. Models ``gelu-mlp-<d>``: Linear(d, 2d) -> GELU -> Linea
     python benchmarks/tuning.py [--models mlp,gelu-mlp-384,gelu-mlp-640,gelu-mlp-896,llama-decode,llama-prefill,cnn]
         [--threads 1] [--rounds 15]
 
+``--device cuda`` (benchmarks/tuning_cuda.py): the 1B preset's GEMMs, decode (one token) and prefill (128), op-tuned
+on the GPU in reduce-overhead against untuned in a fresh process, into ``benchmarks/results/tuning_cuda.json``.
+
 Issue #36's modes, each process fresh, results in their own section of the output (the rest is kept):
 ``--mode concurrent`` (``--pair A,B``): the two models tuned alone, then by two processes at once into one bank
 (taking turns on the device, and as before #36 with a lock folder each), and each model in a fresh process with
@@ -513,21 +516,24 @@ def update_section(path: str, section: str, value: Any, *, run: int | None = Non
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", default="mlp,gelu-mlp-384,gelu-mlp-640,gelu-mlp-896,llama-decode,llama-prefill,cnn")
+    parser.add_argument("--models", default=parser_default_models())
     parser.add_argument("--mode", choices=["models", "concurrent", "all-hit"], default="models")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cuda: benchmarks/tuning_cuda.py")
     parser.add_argument("--pair", default="gelu-mlp-896,mlp", help="concurrent: the two models tuned at once")
     parser.add_argument("--reps", type=int, default=2, help="all-hit: repetitions per model")
     parser.add_argument("--run", type=int, default=0, help="concurrent, all-hit: the run's place in its section's list")
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads (default: 1, steadier when shared)")
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--budget", type=float, default=6.0, help="config.tuning.budget_s (seconds per unit)")
-    parser.add_argument("--output", default="benchmarks/results/tuning_cpu.json")
+    parser.add_argument("--output", default="benchmarks/results/tuning_cpu.json", help="(cuda: tuning_cuda.json)")
     parser.add_argument("--fresh", metavar="BANK", help=argparse.SUPPRESS)  # fresh_process's child
     parser.add_argument("--child", choices=["tune", "plain", "bank"], help=argparse.SUPPRESS)  # run_children's
     parser.add_argument("--bank", help=argparse.SUPPRESS)
     parser.add_argument("--lock-dir", help=argparse.SUPPRESS)
     parser.add_argument("--work", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.device == "cuda":
+        return cuda_main(args)
     torch.set_num_threads(args.threads)
     if args.fresh:
         print(json.dumps(measure_fresh(args.models, Path(args.fresh), args.rounds)))
@@ -569,6 +575,40 @@ def main(argv: list[str] | None = None) -> int:
             for key, value in out.items():
                 update_section(args.output, key, value)
     return 0
+
+
+def cuda_main(args) -> int:
+    """``--device cuda`` (benchmarks/tuning_cuda.py): the 1B preset's decode step and a prefill, op-tuned on the
+    GPU in reduce-overhead, against untuned in a fresh process."""
+    import tuning_cuda
+
+    if not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA device here")
+    if args.fresh:
+        print(json.dumps(tuning_cuda.measure_fresh_cuda(args.models, Path(args.fresh), args.rounds)))
+        return 0
+    names = args.models.split(",") if args.models != parser_default_models() else list(tuning_cuda.TOKENS)
+    output = (
+        args.output if args.output != "benchmarks/results/tuning_cpu.json" else "benchmarks/results/tuning_cuda.json"
+    )
+    out: dict[str, Any] = {
+        **environment(torch.device("cuda")),
+        "mode": "reduce-overhead",
+        "settings": {"rounds": args.rounds, "budget_s": args.budget},
+        "models": [],
+    }
+    with tempfile.TemporaryDirectory(prefix="airgraph-tuning-cuda-") as work:
+        for name in names:
+            print(f"== {name}", file=sys.stderr, flush=True)
+            result = tuning_cuda.bench_cuda_model(__file__, name, args.rounds, args.budget, Path(work))
+            out["models"].append(result)
+            print(f"{name}: {json.dumps(result['checks'])}", flush=True)
+            write_json(out, output)
+    return 0
+
+
+def parser_default_models() -> str:
+    return "mlp,gelu-mlp-384,gelu-mlp-640,gelu-mlp-896,llama-decode,llama-prefill,cnn"
 
 
 def issue36(args) -> int:
