@@ -47,7 +47,8 @@ def tune(
     When the run measured anything, the whole call is timed afterwards (``report.call``): the model compiled
     without the bank and the tuned one, called as the next run calls them (Dynamo's guards, AOTAutograd's wrapper
     and eager code between graphs included), interleaved; the tensors a call writes (a KV cache, the inputs) are
-    put back as the tuning call left them.
+    put back as the tuning call left them. The compiled model only tunes: a graph whose units are all in the bank
+    is compiled as a plain compile compiles it, nothing measured (Tuner.lowering_request).
     """
     config = copy.deepcopy(config) if config is not None else CompilerConfig()
     if not isinstance(config, CompilerConfig):

@@ -12,7 +12,8 @@ subgraph tuning failed. What the seed's format has no field for is on :class:`Tu
 ``__str__``, and in a second file beside the seed's, ``airgraph_candidates_<opat|sgat>_<timestamp>_<pid>.json``
 (rewritten with it): per task and unit, every candidate that was measured (median, run-to-run spread, rounds) or
 dropped (why: failed to compile, failed its check, time budget spent), the unit's status and note (an
-inconclusive measurement says so), stale bank entries and the whole graph's time before and after.
+inconclusive measurement says so), stale bank entries, the whole graph's time before and after, and how long the
+tuner waited for the device's turns to measure (:class:`Waits`, tuning/turns.py).
 
 A graph's time (the executor that tuning changes) is not what a call of the model costs: Dynamo's guards,
 AOTAutograd's wrapper and any eager code between graphs come on top, the same before and after, so a gain of the

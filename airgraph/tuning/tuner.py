@@ -21,9 +21,8 @@ The first call then:
 5. commits each unit to the bank under its lock (tuning/bank.py) and writes the seed-format report
    (tuning/report.py).
 
-:meth:`Tuner.lowering_request`: a tuner whose compiled model only tunes (``airgraph.tune``) lowers a graph whose
-units are all in the bank as a plain compile does: the bank's choices are not compiled for a run that measures
-nothing. Backward graphs are not tuned (their donated inputs would be overwritten by repeated runs).
+:meth:`Tuner.lowering_request`: ``airgraph.tune``'s compiled model only tunes, so a graph whose units are all in
+the bank is lowered as a plain compile does. Backward graphs are not tuned (donated inputs: repeated runs).
 """
 
 from __future__ import annotations
