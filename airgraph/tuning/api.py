@@ -44,11 +44,12 @@ def tune(
     ``progress(event, **info)`` is told of each unit and candidate (the CLI's progress bar). ``runtime`` (tests):
     the device runtime to compile and time with (``airgraph.runtime.simulated.SimulatedCuda``).
 
-    When the run measured anything, the whole call is timed afterwards (``report.call``): the model compiled
-    without the bank and the tuned one, called as the next run calls them (Dynamo's guards, AOTAutograd's wrapper
-    and eager code between graphs included), interleaved; the tensors a call writes (a KV cache, the inputs) are
-    put back as the tuning call left them. The compiled model only tunes: a graph whose units are all in the bank
-    is compiled as a plain compile compiles it, nothing measured (Tuner.lowering_request).
+    When the run measured anything and a choice runs (else the two calls are one), the whole call is timed
+    afterwards (``report.call``): the model compiled without the bank and the tuned one, called as the next run
+    calls them (Dynamo's guards, AOTAutograd's wrapper and eager code between graphs included), interleaved; the
+    tensors a call writes (a KV cache, the inputs) are put back as the tuning call left them. The compiled model
+    only tunes: a graph whose units are all in the bank is compiled as a plain compile compiles it, nothing
+    measured (Tuner.lowering_request).
     """
     config = copy.deepcopy(config) if config is not None else CompilerConfig()
     if not isinstance(config, CompilerConfig):
@@ -77,6 +78,12 @@ def tune(
         report.call_note = "no graph was compiled"
     elif not report.measured:
         report.call_note = "nothing was measured: every unit came from the bank (see the run that measured it)"
+    elif not backend.tuner.plain_graphs and not any(
+        s.chosen_by == "tuning" for r in backend.reports for s in r.segments
+    ):
+        # The tuned call is the untuned one: timing the two would only measure the machine's noise (a busy one
+        # claimed 0.67 for two compiles of the same code).
+        report.call_note = "nothing but the defaults runs: the tuned call is the untuned one"
     else:
         written = state.written()
         try:
