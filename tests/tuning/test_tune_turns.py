@@ -80,9 +80,13 @@ def test_two_tuners_take_turns_build_meanwhile_and_reach_their_lone_verdicts(tmp
     here = DeviceTurns(tmp_path / "locks", 600.0)
     with here.turn(CPU):
         procs = [worker(tmp_path, markers, d, h, threads=1) for d, h in MODELS]
-        built = lambda: [int(p.read_text() or 0) for p in markers.glob("built-*")]  # noqa: E731
-        wait_for(lambda: sorted(built()) == [2, 2], 120, "both tuners to build their units")
-        time.sleep(1.5)  # both are past building now, waiting for the turn
+
+        def built_all() -> bool:  # both have built their second unit's last candidate
+            done = [p.read_text().split() for p in markers.glob("built-*")]
+            return len(done) == 2 and all(len(d) == 3 and d[0] == "2" and d[1] == d[2] for d in done)
+
+        wait_for(built_all, 120, "both tuners to build their units")
+        time.sleep(1.0)  # both are past building now, waiting for the turn
     results = finished(procs)
     assert_lone_verdicts(results, lone, tmp_path / "locks" / "cpu.lock")
     for result in results:

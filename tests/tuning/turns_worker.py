@@ -80,12 +80,16 @@ def tune(markers: str, bank: str, locks: str, work: str, d: int, h: int, peers: 
     clock = SharedClock(markers)
     options = {"tuning.bank_dir": bank, "tuning.lock_dir": locks, "tuning.work_path": work, "tuning.budget_s": 0.02}
     backend = AirgraphBackend(make_config(kernel_backend="aten", **{"tuning.mode": "op", **options}), runtime=clock)
-    built, beside = [0], [0]
+    built, beside, candidates = [0], [0], [0, 0]  # units begun; builds beside a measurement; candidates done, of
 
     def progress(event: str, **info: Any) -> None:
         if event == "unit":  # a unit's candidates are being built
             built[0] += 1
-            (Path(markers) / f"built-{os.getpid()}").write_text(str(built[0]))
+            candidates[:] = [0, info["candidates"]]
+        else:
+            candidates[0] += 1
+        # "<units begun> <its candidates built> <of>": all built once the second unit's last candidate is
+        (Path(markers) / f"built-{os.getpid()}").write_text(f"{built[0]} {candidates[0]} {candidates[1]}")
         beside[0] += bool(clock._others(Path(markers) / f"measuring-{os.getpid()}"))  # another process measures
 
     backend.tuner.progress = progress
