@@ -122,7 +122,7 @@ class Waits:
     (a unit's rounds, a whole graph's, the whole call's)."""
 
     turns: int = 0
-    building_turns: int = 0  # of them, turns that compiled too (the CPU's every core measures: turns.builds_beside)
+    building_turns: int = 0  # of them, turns that compiled too (turns.builds_beside)
     seconds: float = 0.0  # waited in all
     longest_s: float = 0.0
     timed_out: int = 0  # turns measured beside a holder that kept the lock past config.tuning.lock_timeout_s

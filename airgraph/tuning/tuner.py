@@ -14,7 +14,7 @@ The first call then:
 3. builds each missing unit's candidates (tuning/candidates.py: compiled and checked against the default's
    outputs, within ``config.tuning.budget_s`` each) and measures them side by side (tuning/measure.py) holding
    the device's turn (tuning/turns.py): while another process holds it, the next units are built meanwhile
-   (where a measurement takes every core of the CPU, building takes the turn too);
+   (on a CPU with no two cores to spare, building takes the turn too);
 4. lowers the segments whose units found a faster choice with those choices and times the whole graph before and
    after, side by side: unless the tuned graph beats the untuned one as a candidate beats a default, the choices
    are dropped ("unsatisfied") and the graph keeps running as it was;

@@ -7,8 +7,8 @@ the device's turn first: a ``filelock`` lock file per device in ``config.tuning.
 
 - **held per measurement**, never for a whole tuning run: two tuners interleave unit by unit;
 - **only timing under it**: a tuner compiles and checks a unit's candidates before it asks, and while another
-  holds the turn it builds its next units (tuning/tuner.py). Except where the measurement uses every core of
-  the CPU (:func:`builds_beside`): compiling beside it stalls its parallel regions, so building takes the turn too;
+  holds the turn it builds its next units (tuning/tuner.py). Except on a CPU whose cores the measurement and a
+  compile cannot each have (:func:`builds_beside`): compiling beside spoils it, so building takes the turn too;
 - **waits are counted**: each turn's wait goes into the report's :class:`~airgraph.tuning.report.Waits`;
 - **a crashed holder frees it**: the lock is the OS's (``fcntl``/``msvcrt``) on an open file, released with its
   process, whatever killed it; a holder alive but stuck for ``config.tuning.lock_timeout_s`` is measured beside
@@ -50,17 +50,18 @@ def device_key(device: torch.device) -> str:
 
 def builds_beside(device: torch.device) -> bool:
     """Whether a process may compile while another measures on ``device`` without spoiling its timings: beside a
-    GPU's kernels (timed by CUDA events) it may; beside the CPU's only when the intra-op threads leave a core free
-    (this process's thread count standing for the measuring one's). A parallel region whose threads need every core
-    waits for the one another process holds: a batch-8 GEMM at 2 threads on a 2-core CPU with one core busy took
-    25 times as long, its rounds ±70% (issue #36)."""
+    GPU's kernels (timed by CUDA events) it may; beside the CPU's only where the intra-op threads leave two cores
+    free, one for the compiling process and one for the C++ compilers it starts (this process's thread count
+    standing for the measuring one's). A parallel region whose threads need every core waits for the one another
+    process holds: a batch-8 GEMM at 2 threads on a 2-core CPU with one core busy took 25 times as long, its rounds
+    ±70%; at 1 thread, with the other tuner compiling beside, whole-graph checks spread 22-224% (issue #36)."""
     if device.type != "cpu":
         return True
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         cores = os.cpu_count() or 1
-    return torch.get_num_threads() < cores
+    return torch.get_num_threads() + 2 <= cores
 
 
 class DeviceTurns:

@@ -22,9 +22,9 @@ ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
 MODELS = [(32, 64), (48, 96)]  # two MLPs (d, h): two units each
 
 
-def worker(tmp_path: Path, markers: Path, d: int, h: int, threads: int) -> subprocess.Popen:
+def worker(tmp_path: Path, markers: Path, d: int, h: int, threads: int, device: str) -> subprocess.Popen:
     args = [str(markers), str(tmp_path / "bank"), str(tmp_path / "locks"), str(tmp_path), str(d), str(h)]
-    command = [sys.executable, "-m", "tests.tuning.turns_worker", *args, str(threads), str(len(MODELS))]
+    command = [sys.executable, "-m", "tests.tuning.turns_worker", *args, str(threads), str(len(MODELS)), device]
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
 
 
@@ -44,13 +44,14 @@ def finished(procs: list[subprocess.Popen]) -> list[dict]:
     return results
 
 
-def alone(tmp_path: Path) -> list[dict]:
+def alone(tmp_path: Path, device: str) -> list[dict]:
     """Each model tuned alone, one after the other (a bank of its own): the verdicts to reach together."""
     found = []
     for d, h in MODELS:
         markers = tmp_path / f"alone-{d}"
         markers.mkdir()
-        found.append(tune(str(markers), str(tmp_path / f"bank-{d}"), str(tmp_path / "locks"), str(tmp_path), d, h))
+        locks, bank = str(tmp_path / "locks"), str(tmp_path / f"bank-{d}")
+        found.append(tune(str(markers), bank, locks, str(tmp_path), d, h, device=device))
     assert all(a["contended"] == 0 and a["units"] for a in found)
     return found
 
@@ -68,18 +69,19 @@ USABLE_CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") 
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(USABLE_CORES < 2, reason="building beside a 1-thread measurement needs a core to spare")
 def test_two_tuners_take_turns_build_meanwhile_and_reach_their_lone_verdicts(tmp_path):
-    """The stand-in clock (turns_worker.SharedClock) spoils a measurement that overlaps another process's, as a
-    shared core does; without turns both tuners err. Measuring at 1 thread leaves a core to build on: this test
-    holds the CPU's turn until both tuners have built all their units, then lets them contend: no measurement
-    overlaps, each waited, each reached the verdicts it reaches alone."""
-    lone = alone(tmp_path)
+    """On a GPU (the simulator's CUDA device), whose kernels a process compiling beside does not slow: the stand-in
+    clock (turns_worker.SharedGpuClock) spoils a measurement that overlaps another process's, as a shared device
+    does; without turns both tuners err. This test holds the device's turn until both tuners have built all their
+    units (building meanwhile), then lets them contend: no measurement overlaps, each waited, each reached the
+    verdicts it reaches alone."""
+    lone = alone(tmp_path, "gpu")
     markers = tmp_path / "markers"
     markers.mkdir()
     here = DeviceTurns(tmp_path / "locks", 600.0)
-    with here.turn(CPU):
-        procs = [worker(tmp_path, markers, d, h, threads=1) for d, h in MODELS]
+    gpu = torch.device("cuda")  # the simulator's: its lock is the first GPU's when none can say which it is
+    with here.turn(gpu):
+        procs = [worker(tmp_path, markers, d, h, threads=1, device="gpu") for d, h in MODELS]
 
         def built_all() -> bool:  # both have built their second unit's last candidate
             done = [p.read_text().split() for p in markers.glob("built-*")]
@@ -88,23 +90,25 @@ def test_two_tuners_take_turns_build_meanwhile_and_reach_their_lone_verdicts(tmp
         wait_for(built_all, 120, "both tuners to build their units")
         time.sleep(1.0)  # both are past building now, waiting for the turn
     results = finished(procs)
-    assert_lone_verdicts(results, lone, tmp_path / "locks" / "cpu.lock")
+    assert_lone_verdicts(results, lone, tmp_path / "locks" / f"{device_key(gpu)}.lock")
     for result in results:
-        assert result["built_before_measuring"] == 2  # built its units while waiting
+        assert result["device"] == "cuda:0" and result["built_before_measuring"] == 2  # built while waiting
         waits = result["waits"]
-        assert waits["waited_s"] > 1.0 and waits["turns"] >= 3 and waits["building_turns"] == 0
+        assert waits["waited_s"] > 0.5 and waits["turns"] >= 3 and waits["building_turns"] == 0
     assert here.waits.turns == 1
 
 
 @pytest.mark.slow
-def test_where_a_measurement_takes_every_core_building_takes_turns_too(tmp_path):
-    """At as many threads as cores, a measurement stalls on a core that another process compiles on (a batch-8
-    GEMM took 25 times as long here): the two tuners then build in their turns too, never beside the other's
-    measurement, and still reach the verdicts each reaches alone."""
-    lone = alone(tmp_path)
+def test_where_a_measurement_takes_the_cpus_cores_building_takes_turns_too(tmp_path):
+    """On a CPU whose cores the measuring threads and a compile (the process and its C++ compilers) cannot each
+    have, a compile beside a measurement spoils it (a batch-8 GEMM at 2 threads on 2 cores, one busy, took 25 times
+    as long): the two tuners build in their turns too, never beside the other's measurement, and still reach the
+    verdicts each reaches alone."""
+    threads = max(1, USABLE_CORES - 1)  # a core to spare, not two
+    lone = alone(tmp_path, "cpu")
     markers = tmp_path / "markers"
     markers.mkdir()
-    results = finished([worker(tmp_path, markers, d, h, threads=USABLE_CORES) for d, h in MODELS])
+    results = finished([worker(tmp_path, markers, d, h, threads, "cpu") for d, h in MODELS])
     assert_lone_verdicts(results, lone, tmp_path / "locks" / "cpu.lock")
     for result in results:
         assert result["waits"]["building_turns"] >= 3 and result["built_beside_a_measurement"] == 0
