@@ -135,7 +135,7 @@ def _bank_every_segment(config, backend_name: str) -> list[str]:
     """A real bank entry for each compute segment of Net's graph choosing ``backend_name`` (as a bank tuned on
     another build could hold it); returns the bank keys."""
     from airgraph.tuning.bank import TUNED, Bank, Entry
-    from airgraph.tuning.candidates import VERSIONS
+    from airgraph.tuning.candidates import version
     from airgraph.tuning.source import bank_file, segment_key
 
     segments = []
@@ -146,10 +146,10 @@ def _bank_every_segment(config, backend_name: str) -> list[str]:
     file, digest = bank_file(Bank(config.tuning.resolved_bank_dir()), torch.device("cpu"))
     keys = []
     for segment in segments:
-        base, key = segment_key(segment, digest)
+        base, key = segment_key(segment, digest, "cpu")
         choice = {"tune_mode": "Subgraph", "name": backend_name, "options": {"backend": backend_name}}
         name = f"segment {segment.id}"
-        file.commit(Entry(key, "subgraph", TUNED, base, name, "", VERSIONS["subgraph"], choice, 2.0, 1.0))
+        file.commit(Entry(key, "subgraph", TUNED, base, name, "", version("subgraph", "cpu"), choice, 2.0, 1.0))
         keys.append(key)
     return keys
 
