@@ -14,6 +14,7 @@ from airgraph.models.llama import (
     prefill_inputs,
     write_rows,
 )
+from airgraph.models.mixer import MixerBlock, MlpMixer
 from airgraph.models.serving import ServingDecode, build_serving_decode, mark_batch_dynamic, serving_decode_inputs
 
 __all__ = [
@@ -21,6 +22,8 @@ __all__ = [
     "FeedForward",
     "KVCache",
     "LlamaConfig",
+    "MixerBlock",
+    "MlpMixer",
     "RMSNorm",
     "ServingDecode",
     "TinyLlama",

@@ -1,0 +1,232 @@
+"""A second process starts fast (issue #35): fresh processes timed from their first line to their first output.
+
+Each measurement is one fresh process (benchmarks/warm_start_worker.py), one thread, no autograd:
+
+- cases: HF GPT-2 from a tiny config in the default mode (``gpt2``) and a two-block MLP mixer in reduce-overhead
+  (``mixer``), and held-out models of the same kinds (``llama``: HF LLaMA from a tiny config, default mode;
+  ``mixer3``: a three-block mixer of other sizes, reduce-overhead);
+- variants: eager; torch.compile (Inductor) cold and warm; airgraph cold and warm. Cold: a fresh
+  ``TORCHINDUCTOR_CACHE_DIR`` and airgraph cache folder (``AIRGRAPH_CACHE_DIR``) in a temporary folder; warm: a
+  second process with the caches the cold one left. Every variant runs once per round, interleaved, so the load
+  of the shared machine hits all alike; the table gives medians over ``--rounds``;
+- the static kernels' warm start (tiny LLaMA decode at batch 2, 3 and 4, benchmarks/static_kernels_worker.py): a
+  process with the built library installed over one without (both with empty Inductor caches), from process
+  start;
+- where the time goes: the warm airgraph process and torch.compile's warm process of each main case again under
+  cProfile (seconds inside Dynamo's tracing, AOTAutograd, Inductor's passes, airgraph's steps, Inductor's cache
+  lookups and its CPU instruction-set probe, the static kernels' load probe, imports) and under ``-X importtime``
+  (the packages imported after ``import torch``).
+
+    python benchmarks/warm_start.py [--rounds 2] [--cases gpt2,mixer,llama,mixer3] [--no-static] [--no-profile]
+                                    [--output benchmarks/results/warm_start_cpu.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pstats
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from airgraph.bench.results import environment, write_json
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKER = Path(__file__).resolve().parent / "warm_start_worker.py"
+STATIC_WORKER = Path(__file__).resolve().parent / "static_kernels_worker.py"
+VARIANTS = ("eager", "torch.compile cold", "airgraph cold", "torch.compile warm", "airgraph warm")
+
+# cProfile: (label, function name, a part of its file's path); cumulative seconds, the outermost call's.
+PHASES = [
+    ("dynamo_compile", "_compile", "_dynamo/convert_frame.py"),
+    ("backend_call", "_call_user_compiler", "_dynamo/output_graph.py"),
+    ("dynamo_guards", "build_guards", "_dynamo/"),
+    ("aot_autograd", "aot_module_simplified", "_functorch/aot_autograd.py"),
+    ("aot_autograd_cache_load", "try_load", "_aot_autograd/autograd_cache.py"),
+    ("inductor_compile_fx", "compile_fx", "_inductor/compile_fx.py"),
+    ("inductor_pre_grad_passes", "pre_grad_passes", "airgraph/lowering/inductor_passes.py"),
+    ("inductor_inference_passes", "inference_passes", "airgraph/lowering/inductor_passes.py"),
+    ("airgraph_compile_graph", "compile_graph", "airgraph/backend.py"),
+    ("airgraph_passes", "run_pipeline", "airgraph/passes/pipeline.py"),
+    ("airgraph_partition", "partition", "airgraph/lowering/partition.py"),
+    ("airgraph_lowering", "lower_segments", "airgraph/lowering/lower.py"),
+    ("airgraph_cache_load", "load", "airgraph/cache/"),
+    ("inductor_compile_fx_inner", "compile_fx_inner", "_inductor/compile_fx.py"),
+    ("fx_graph_cache_key", "prepare_key", "_inductor/codecache.py"),
+    ("fx_graph_cache_load", "load_with_key", "_inductor/codecache.py"),
+    ("inductor_cpu_isa_probe", "valid_vec_isa_list", "_inductor/cpu_vec_isa.py"),
+    ("static_kernel_warm_start", "warm_start", "airgraph/kernels/warm.py"),
+    ("static_kernel_load_probe", "check", "airgraph/kernels/probe.py"),
+    ("subprocesses", "run", "subprocess.py"),
+    ("imports", "_find_and_load", "importlib._bootstrap"),
+]
+
+
+def run_worker(args: list[str], env: dict[str, str], *, script: Path = WORKER, python: list[str] | None = None) -> Any:
+    full = {**os.environ, "PYTHONPATH": str(ROOT), **env}
+    done = subprocess.run(
+        [*(python or [sys.executable]), str(script), *args], capture_output=True, text=True, env=full, timeout=3600
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"{script.name} {' '.join(args)} failed:\n{done.stderr[-4000:]}")
+    return done
+
+
+def measure(case: str, variant: str, caches: Path, extra: list[str] | None = None) -> dict[str, Any]:
+    env = {"TORCHINDUCTOR_CACHE_DIR": str(caches / "inductor"), "AIRGRAPH_CACHE_DIR": str(caches / "airgraph")}
+    done = run_worker([case, variant.split()[0], *(extra or [])], env)
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    shown = {k: result[k] for k in ("from_start_s", "first_call_s") if k in result}
+    print(f"  {case:7s} {variant:20s} {json.dumps(shown)}", flush=True)
+    return result
+
+
+def phases(profile: Path) -> dict[str, float]:
+    stats = pstats.Stats(str(profile)).stats  # type: ignore[attr-defined]
+    found = {}
+    for label, name, where in PHASES:
+        seconds = [ct for (path, _, fn), (_, _, _, ct, _) in stats.items() if fn == name and where in path]
+        found[label] = round(max(seconds, default=0.0), 3)
+    found["dynamo_tracing_alone"] = round(found["dynamo_compile"] - found["backend_call"], 3)
+    return found
+
+
+def imported_after_torch(case: str, variant: str, caches: Path) -> dict[str, Any]:
+    """``-X importtime``: the modules the process imported itself after ``import torch`` (cumulative seconds,
+    the largest), and the seconds of airgraph's own modules (their self times, summed)."""
+    env = {"TORCHINDUCTOR_CACHE_DIR": str(caches / "inductor"), "AIRGRAPH_CACHE_DIR": str(caches / "airgraph")}
+    done = run_worker([case, variant], env, python=[sys.executable, "-X", "importtime"])
+    rows = []
+    for line in done.stderr.splitlines():
+        match = re.match(r"import time:\s+(\d+) \|\s+(\d+) \|( *)(\S+)", line)
+        if match:
+            own, cum = int(match.group(1)) / 1e6, int(match.group(2)) / 1e6
+            rows.append((own, cum, len(match.group(3)) // 2, match.group(4)))
+    after = rows[next(i for i, r in enumerate(rows) if r[3] == "torch" and r[2] == 0) + 1 :]
+    top = sorted(((name, cum) for _, cum, depth, name in after if depth == 0), key=lambda item: -item[1])
+    return {
+        "top_level_s": {name: round(cum, 3) for name, cum in top[:15]},
+        "total_s": round(sum(cum for _, cum in top), 3),
+        "airgraph_modules_self_s": round(sum(own for own, _, _, name in after if name.startswith("airgraph")), 3),
+    }
+
+
+def static_kernels(work: Path, rounds: int, profile: bool) -> dict[str, Any]:
+    """The static kernels' warm start: build once, then per round a cold and a warm process (from start)."""
+    common = ["--preset", "tiny", "--batches", "2,3,4"]
+
+    def one(what: str, tag: str, *extra: str, python: list[str] | None = None) -> dict[str, Any]:
+        env = {"TORCHINDUCTOR_CACHE_DIR": str(work / f"inductor-{tag}"), "AIRGRAPH_CACHE_DIR": str(work / f"ag-{tag}")}
+        done = run_worker([what, *extra, *common], env, script=STATIC_WORKER, python=python)
+        result = json.loads(done.stdout.strip().splitlines()[-1])
+        print(f"  static  {tag:20s} {json.dumps({'from_start_s': round(result['from_start_s'], 3)})}", flush=True)
+        return result
+
+    build = one("build", "build", "--build-dir", str(work / "build"))
+    library = str(work / "build" / "static_kernel_library")
+    cold, warm = [], []
+    for r in range(rounds):
+        cold.append(one("airgraph", f"cold-{r}", "--build-dir", str(work / f"cold-{r}")))
+        warm.append(one("airgraph", f"warm-{r}", "--build-dir", str(work / f"warm-{r}"), "--library", library))
+    result: dict[str, Any] = {
+        "build_first_output_s": round(build["first_output_s"], 3),
+        "cold": {k: round(statistics.median(r[k] for r in cold), 3) for k in ("from_start_s", "first_output_s")},
+        "warm": {k: round(statistics.median(r[k] for r in warm), 3) for k in ("from_start_s", "first_output_s")},
+        "warm_static_keys": warm[-1].get("static_keys"),
+        "warm_inductor_lowerings": [r["inductor_lowerings"] for r in warm],
+    }
+    result["warm_over_cold_from_start"] = round(result["warm"]["from_start_s"] / result["cold"]["from_start_s"], 3)
+    if profile:
+        path = work / "static-warm.prof"
+        one("airgraph", "warm-prof", "--build-dir", str(work / "warm-prof"), "--library", library,
+            python=[sys.executable, "-m", "cProfile", "-o", str(path)])  # fmt: skip
+        result["warm_profile"] = phases(path)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--cases", default="gpt2,mixer,llama,mixer3")
+    parser.add_argument("--no-static", action="store_true", help="leave out the static kernels' warm start")
+    parser.add_argument("--no-profile", action="store_true", help="leave out the profiled processes")
+    parser.add_argument("--output", default=str(ROOT / "benchmarks" / "results" / "warm_start_cpu.json"))
+    parser.add_argument("--keep", default=None, help="keep the caches in this folder (default: a temporary one)")
+    args = parser.parse_args()
+    cases = args.cases.split(",")
+    work = Path(args.keep or tempfile.mkdtemp(prefix="airgraph-warm-start-"))
+    load_before = os.getloadavg()
+    started = time.perf_counter()
+    rows: dict[str, dict[str, list[dict[str, Any]]]] = {c: {v: [] for v in VARIANTS} for c in cases}
+    for r in range(args.rounds):
+        print(f"round {r + 1}/{args.rounds}", flush=True)
+        for case in cases:
+            tc, ag = work / f"{case}-tc-{r}", work / f"{case}-ag-{r}"
+            for variant in VARIANTS:
+                caches = {"eager": work / "eager", "torch.compile": tc, "airgraph": ag}[variant.split()[0]]
+                rows[case][variant].append(measure(case, variant, caches))
+    table: dict[str, Any] = {}
+    for case in cases:
+        medians = {v: round(statistics.median(r["from_start_s"] for r in rows[case][v]), 3) for v in VARIANTS}
+        eager = medians["eager"]
+        table[case] = {
+            "from_start_s": medians,
+            "over_eager": {v: round(s / eager, 3) for v, s in medians.items() if v != "eager"},
+            "first_call_s": {
+                v: round(statistics.median(r["first_call_s"] for r in rows[case][v]), 3) for v in VARIANTS
+            },
+            "max_abs_diff": max(r["max_abs_diff"] for v in VARIANTS for r in rows[case][v]),
+            "warm_process": {v: rows[case][v][-1] for v in ("airgraph warm", "torch.compile warm")},
+        }
+    profiles: dict[str, Any] = {}
+    if not args.no_profile:
+        print("where the time goes (cProfile, -X importtime)", flush=True)
+        for case in [c for c in cases if c in ("gpt2", "mixer")]:
+            profiles[case] = {}
+            for variant, caches in (("airgraph", work / f"{case}-ag-0"), ("torch.compile", work / f"{case}-tc-0")):
+                path = work / f"{case}-{variant}.prof"
+                measure(case, f"{variant} warm", caches, ["--profile", str(path)])
+                profiles[case][f"{variant} warm"] = {
+                    "phases_s": phases(path),
+                    "imports_after_torch_s": imported_after_torch(case, variant, caches),
+                }
+    static = None
+    if not args.no_static:
+        print("static kernels' warm start", flush=True)
+        static = static_kernels(work / "static", args.rounds, profile=not args.no_profile)
+    data = {
+        **environment(torch.device("cpu")),
+        "benchmark": "warm_start",
+        "settings": {"rounds": args.rounds, "cases": cases, "threads": 1, "grad": False},
+        "load_average": {"before": [round(x, 2) for x in load_before], "after": [round(x, 2) for x in os.getloadavg()]},
+        "wall_s": round(time.perf_counter() - started, 1),
+        "cases": table,
+        "static_kernels": static,
+        "profiles": profiles,
+        "targets": {
+            "warm_over_eager": "a warm airgraph process's first output at most 1.5x eager's (gpt2, mixer; held out: "
+            "llama, mixer3)",
+            "static_kernels_warm_over_cold": "at most 0.15 from process start",
+        },
+    }
+    path = write_json(data, args.output)
+    print(json.dumps({c: t["over_eager"] for c, t in table.items()}, indent=2))
+    if static is not None:
+        print("static kernels warm / cold:", static["warm_over_cold_from_start"])
+    print(f"wrote {path}")
+    if args.keep is None:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,131 @@
+"""One process of benchmarks/warm_start.py: a model's first output, timed from this file's first line.
+
+    python benchmarks/warm_start_worker.py CASE VARIANT [--profile FILE]
+
+CASE: ``gpt2`` (HF GPT-2 from a tiny config, default mode), ``mixer`` (a two-block MLP mixer, reduce-overhead),
+and held-out models of the same kinds: ``llama`` (HF LLaMA from a tiny config, default mode), ``mixer3`` (a
+three-block mixer of other sizes, reduce-overhead). VARIANT: ``eager``, ``torch.compile`` (Inductor) or
+``airgraph``. Caches come from the environment the driver sets (``TORCHINDUCTOR_CACHE_DIR``, ``AIRGRAPH_CACHE_DIR``):
+a fresh folder makes a cold process, the folder of an earlier process a warm one. One thread, no autograd.
+
+Prints one JSON line: seconds from the first line to ``import torch`` done, to the model built, and to the first
+output; the call's own seconds; what ran (Dynamo graphs, AOTAutograd traces, Inductor's cache hits and misses,
+airgraph's compile-cache hits); the largest difference from eager. ``--profile FILE``: cProfile from the first line
+to the first output, written to FILE (the driver reads it).
+"""
+
+from __future__ import annotations
+
+import time
+
+START = time.perf_counter()
+
+import argparse  # noqa: E402
+import cProfile  # noqa: E402
+import json  # noqa: E402
+import sys  # noqa: E402
+from typing import Any  # noqa: E402
+
+CASES = ("gpt2", "mixer", "llama", "mixer3")
+MODES = {"gpt2": "max-autotune", "llama": "max-autotune", "mixer": "reduce-overhead", "mixer3": "reduce-overhead"}
+
+
+def build(case: str) -> tuple[Any, tuple]:
+    """The model (weights from a fixed seed) and its input; HF models from tiny configs, no downloads."""
+    import torch
+
+    if case in ("mixer", "mixer3"):
+        from airgraph.models.mixer import MlpMixer
+
+        sizes = {} if case == "mixer" else {"blocks": 3, "tokens": 8, "channels": 48, "channel_hidden": 192}
+        model = MlpMixer(**sizes).eval()
+        return model, (model.example_input(),)
+    import transformers as hf
+
+    torch.manual_seed(0)
+    if case == "gpt2":
+        config = hf.GPT2Config(vocab_size=128, n_embd=32, n_layer=2, n_head=4, n_positions=64, resid_pdrop=0.0,
+                               embd_pdrop=0.0, attn_pdrop=0.0)  # fmt: skip
+        model = hf.GPT2LMHeadModel(config)
+    else:
+        config = hf.LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)  # fmt: skip
+        model = hf.LlamaForCausalLM(config)
+    ids = torch.randint(0, 128, (2, 8), generator=torch.Generator().manual_seed(1))
+    return model.eval(), (ids,)
+
+
+def logits(output: Any) -> Any:
+    return output.logits if hasattr(output, "logits") else output
+
+
+def counts(backend: Any) -> dict[str, Any]:
+    """What this process compiled, from torch's counters and the backend's reports."""
+    from torch._dynamo.utils import counters
+
+    found = {
+        "dynamo_graphs": counters["stats"]["unique_graphs"],
+        "aot_autograd_traces": counters["aot_autograd"]["total"],
+        "fxgraph_cache_hit": counters["inductor"]["fxgraph_cache_hit"],
+        "fxgraph_cache_miss": counters["inductor"]["fxgraph_cache_miss"],
+        "aot_autograd_cache_hit": counters["aot_autograd"]["autograd_cache_hit"],
+        "inductor_imported": "torch._inductor.compile_fx" in sys.modules,
+    }
+    if backend is not None:
+        found["compile_cache"] = dict(getattr(backend, "cache_counts", {}) or {})
+        found["chosen_by"] = sorted({s.chosen_by for r in backend.reports for s in r.segments if s.chosen_by})
+    return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("case", choices=CASES)
+    parser.add_argument("variant", choices=["eager", "torch.compile", "airgraph"])
+    parser.add_argument("--profile", default=None)
+    args = parser.parse_args()
+    profiler = cProfile.Profile() if args.profile else None
+    if profiler is not None:
+        profiler.enable()
+    import torch
+
+    imported = time.perf_counter()
+    torch.set_num_threads(1)
+    model, inputs = build(args.case)
+    built = time.perf_counter()
+    backend = None
+    if args.variant == "torch.compile":
+        mode = None if MODES[args.case] == "max-autotune" else "reduce-overhead"
+        run = torch.compile(model, mode=mode)
+    elif args.variant == "airgraph":
+        import airgraph
+
+        config = airgraph.CompilerConfig()
+        config.mode = MODES[args.case]
+        backend = airgraph.get_backend(config)
+        run = torch.compile(model, backend=backend)
+    else:
+        run = model
+    with torch.no_grad():
+        called = time.perf_counter()
+        out = logits(run(*inputs))
+        first = time.perf_counter()
+        if profiler is not None:
+            profiler.disable()
+            profiler.dump_stats(args.profile)
+        again = logits(run(*inputs))
+        reference = logits(model(*inputs))
+    result = {
+        "case": args.case,
+        "variant": args.variant,
+        "import_s": round(imported - START, 4),
+        "built_s": round(built - START, 4),
+        "from_start_s": round(first - START, 4),
+        "first_call_s": round(first - called, 4),
+        "max_abs_diff": max((out - reference).abs().max().item(), (again - reference).abs().max().item()),
+        **(counts(backend) if args.variant != "eager" else {}),
+    }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
