@@ -20,7 +20,14 @@ from typing import Any
 
 from airgraph.options import Option, OptionGroup, truthy
 
-__all__ = ["CompilerConfig", "Option", "OptionGroup", "torch_cuda_caching_disabled", "torchair_tuning_environment"]
+__all__ = [
+    "CompilerConfig",
+    "Option",
+    "OptionGroup",
+    "torch_cuda_caching_disabled",
+    "torchair_tuning_environment",
+    "user_cache_dir",
+]
 
 
 def torch_cuda_caching_disabled() -> bool:
@@ -41,6 +48,13 @@ def _folder_or_none(value: str | None) -> str | None:
     if value is None:
         return None
     return "an empty path" if not value.strip() else ("contains a NUL byte" if "\0" in value else None)
+
+
+def user_cache_dir(name: str) -> str:
+    """``<user cache>/airgraph/<name>``: the user cache is ``$XDG_CACHE_HOME``, else ``~/.cache`` (Inductor's and
+    torch hub's caches follow the same convention)."""
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "airgraph", name)
 
 
 class DebugConfig(OptionGroup):
@@ -336,17 +350,13 @@ class TuningConfig(OptionGroup):
         """``bank_dir``, or the user cache's ``airgraph/tuning-bank`` ($XDG_CACHE_HOME or ~/.cache)."""
         if self.bank_dir is not None:
             return self.bank_dir
-        return os.path.join(_user_cache(), "airgraph", "tuning-bank")
+        return user_cache_dir("tuning-bank")
 
     def resolved_lock_dir(self) -> str:
         """``lock_dir``, or the user cache's ``airgraph/device-locks`` ($XDG_CACHE_HOME or ~/.cache)."""
         if self.lock_dir is not None:
             return self.lock_dir
-        return os.path.join(_user_cache(), "airgraph", "device-locks")
-
-
-def _user_cache() -> str:
-    return os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        return user_cache_dir("device-locks")
 
 
 def torchair_tuning_environment() -> dict[str, Any]:
@@ -393,8 +403,26 @@ class CompilerConfig(OptionGroup):
     host_placement = HostPlacementConfig
     experimental_config = ExperimentalConfig
     export = ExportConfig
+    compile_cache = Option(
+        True,
+        "The compile cache: a later process with the same model code, config, torch, airgraph and machine reuses "
+        "what this one compiled (docs/compile-cache.md). True: on, in $AIRGRAPH_CACHE_DIR, else the user cache's "
+        "airgraph/compile-cache; a folder path: on, in that folder; False: off.",
+        types=(bool, str),
+        check=lambda value: _folder_or_none(value) if isinstance(value, str) else None,
+        allowed="True, False or a folder path (str)",
+    )
     static_kernels = StaticKernelsConfig
     tuning = TuningConfig
 
     def __init__(self, path: str | None = None) -> None:
         super().__init__(path, os.environ)
+
+    def resolved_cache_dir(self) -> str | None:
+        """The compile cache's folder: ``compile_cache`` when it is a path, ``$AIRGRAPH_CACHE_DIR`` or the user
+        cache's ``airgraph/compile-cache`` when it is True; None when it is False (off)."""
+        if self.compile_cache is False:
+            return None
+        if isinstance(self.compile_cache, str):
+            return self.compile_cache
+        return os.environ.get("AIRGRAPH_CACHE_DIR") or user_cache_dir("compile-cache")
