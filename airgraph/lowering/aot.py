@@ -10,12 +10,15 @@ Invariants:
 
 - outside a compile (no tracing context), and for a field a torch version lacks, every reader answers "nothing
   known": no static inputs, no donations, no frozen weights, no warm start; never an error, never a guess;
-- only compile-time code imports it (the runtime does not: ``import_graph.py --rule runtime:passes,lowering``).
+- only compile-time code imports it (the runtime does not: ``import_graph.py --rule runtime:passes,lowering``);
+- a graph compiled from the compile cache (AOTAutograd skipped) is answered from the facts AOTAutograd gave when
+  the entry was written (:func:`snapshot`, :func:`replaying`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 from collections.abc import Iterator
 from typing import Any
 
@@ -26,8 +29,10 @@ __all__ = [
     "donated_inputs",
     "donating",
     "no_runtime_wrappers",
+    "replaying",
     "report_output_strides",
     "reported_output_strides",
+    "snapshot",
     "static_input_indices",
     "tracing",
     "tracing_active",
@@ -35,18 +40,51 @@ __all__ = [
 ]
 
 
+# The facts of a graph compiled from the compile cache, AOTAutograd's answers recorded with the entry (snapshot).
+_replayed: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("airgraph_aot_replayed", default=None)
+
+
 def _metadata() -> Any | None:
     """AOTAutograd's ``ViewAndMutationMeta`` of the graph compiling now, or None."""
     return getattr(TracingContext.try_get(), "fw_metadata", None)
 
 
+def snapshot(num_inputs: int) -> dict[str, Any] | None:
+    """What the readers below answer for the inference graph compiling now, to answer the same for it without
+    AOTAutograd (:func:`replaying`); None when AOTAutograd's runtime wrappers have work around it (the graph then
+    needs AOTAutograd every time) or nothing is compiling."""
+    if not no_runtime_wrappers(num_inputs):
+        return None
+    return {
+        "num_inputs": num_inputs,
+        "static_input_indices": static_input_indices(),
+        "unchanged_weights": sorted(unchanged_weights()),
+    }
+
+
+@contextlib.contextmanager
+def replaying(facts: dict[str, Any]) -> Iterator[None]:
+    """Answer from ``facts`` (a :func:`snapshot`) where no AOTAutograd metadata is present, for the duration."""
+    token = _replayed.set(facts)
+    try:
+        yield
+    finally:
+        _replayed.reset(token)
+
+
 def static_input_indices() -> list[int]:
     """Positions of the graph inputs that are parameters and buffers (Dynamo marks them static)."""
+    replayed = _replayed.get()
+    if replayed is not None and _metadata() is None:
+        return list(replayed["static_input_indices"])
     return list(getattr(_metadata(), "static_input_indices", None) or [])
 
 
 def unchanged_weights() -> set[int]:
     """Static inputs the graph neither updates (a KV cache, a running statistic) nor returns a view of."""
+    replayed = _replayed.get()
+    if replayed is not None and _metadata() is None:
+        return set(replayed["unchanged_weights"])
     metadata = _metadata()
     try:
         static = set(metadata.static_input_indices or ())
@@ -84,7 +122,8 @@ def no_runtime_wrappers(num_inputs: int) -> bool:
     subclass input."""
     metadata = _metadata()
     if metadata is None:
-        return False
+        replayed = _replayed.get()
+        return replayed is not None and replayed["num_inputs"] == num_inputs
     return (
         metadata.num_mutated_inp_runtime_indices == 0
         and not metadata.aliased_out_indices
