@@ -22,19 +22,21 @@ import contextlib
 import copy
 import functools
 import importlib
+import os
 import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from airgraph.boxed import boxed
+from airgraph.cache.compile_cache import CompileCache, Loaded, Lookup
+from airgraph.cache.isa import known_isa
 from airgraph.config import CompilerConfig
 from airgraph.graph.analysis import mutated_nodes, views_of_inputs
 from airgraph.graph.program import HostProgram, Segment
-from airgraph.kernels.static import StaticKernels
 from airgraph.log import warn_once
 from airgraph.lowering import aot, inductor_passes
 from airgraph.lowering.capture_plan import CapturePlan, plan_capture
@@ -42,7 +44,6 @@ from airgraph.lowering.freeze import Parameter, freeze_parameters, parameter_inp
 from airgraph.lowering.host_split import split_host_work
 from airgraph.lowering.layouts import Layouts
 from airgraph.lowering.lower import lower_segments
-from airgraph.lowering.padding import PadPlan, PadRefusal, plan_padding
 from airgraph.lowering.partition import partition
 from airgraph.lowering.select import GraphRequest, ImplSource, choose
 from airgraph.passes import CompileContext, run_pipeline
@@ -53,9 +54,10 @@ from airgraph.runtime.device import DeviceRuntime, runtime_for
 from airgraph.runtime.executor import build_executor
 from airgraph.runtime.fastpath import Direct, FastPath
 from airgraph.runtime.host import HostSplit
-from airgraph.runtime.padding import PaddedRun
-from airgraph.tuning.source import BankSource
-from airgraph.tuning.tuner import Tuner
+
+if TYPE_CHECKING:
+    from airgraph.lowering.padding import PadPlan
+    from airgraph.tuning.tuner import Tuner
 
 __all__ = ["AirgraphBackend", "airgraph_backend", "compile_model", "get_backend"]
 
@@ -84,14 +86,22 @@ class AirgraphBackend:
         self.runtime = runtime
         # The seam's stores (lowering/select.py): the installed static kernels and the tuning bank, when in use.
         self.static_kernels: ImplSource | None = None
-        self.tuning: ImplSource | None = BankSource(self.config)
+        self.tuning: ImplSource | None = _Bank(self.config)
         # config.tuning.mode: each graph's first run tunes it (airgraph/tuning/tuner.py), then it runs tuned.
-        self.tuner: Tuner | None = Tuner(self.config) if self.config.tuning.mode and not plan_only else None
+        self.tuner: Tuner | None = None
+        if self.config.tuning.mode and not plan_only:
+            from airgraph.tuning.tuner import Tuner
+
+            self.tuner = Tuner(self.config)
         # Told of each new input-shape key of each compiled graph (static kernels record shapes there).
         self.shape_observers: list[Callable[[GraphReport, list[Segment]], ShapeKeyObserver | None]] = []
         if self.config.static_kernels.enabled:  # seed 000: airgraph/kernels
+            from airgraph.kernels.static import StaticKernels
+
             self.static_kernels = StaticKernels(self.config)
             self.shape_observers.append(self.static_kernels.observer)
+        # What AOTAutograd made of each Dynamo graph, for the next process (airgraph/cache).
+        self.compile_cache = CompileCache(self.config) if self.config.compile_cache and not plan_only else None
         self._pool = MemoryPool(runtime_for(torch.device("cuda"), runtime))
         self.direct = False  # wrap each compiled graph in fastpath.Direct (compile_model(..., fast_path=True))
         # False: a Dynamo graph whose static kernels are all installed still goes through AOTAutograd and runs them
@@ -103,12 +113,21 @@ class AirgraphBackend:
 
     # -- Dynamo entry ------------------------------------------------------------------------------------
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -> Callable[..., Any]:
+        cache = self.compile_cache
+        cpu = all(v.device.type == "cpu" for v in example_inputs if isinstance(v, torch.Tensor))
+        inductor_cpu = cpu and self.config.kernel_backend == "inductor" and self.runtime is None
+        with known_isa(cache.root if cache is not None and inductor_cpu else None):  # cache/isa.py
+            return self._compile_dynamo_graph(gm, example_inputs, **kwargs)
+
+    def _compile_dynamo_graph(
+        self, gm: torch.fx.GraphModule, example_inputs: list[Any], **kwargs: Any
+    ) -> Callable[..., Any]:
         from torch._dynamo.backends.common import aot_autograd
 
         dynamo_graph = self.dynamo_graphs
         self.dynamo_graphs += 1
         kernels = self.static_kernels
-        if isinstance(kernels, StaticKernels) and self.warm_start and not self.plan_only and self.runtime is None:
+        if kernels is not None and self.warm_start and not self.plan_only and self.runtime is None and _static(kernels):
             warm = kernels.warm_start(gm, example_inputs)  # kernels/warm.py
             if warm is not None:
                 self.reports.append(warm_report(warm.num_nodes, warm.source, self.config.mode, dynamo_graph))
@@ -116,9 +135,18 @@ class AirgraphBackend:
         names = tuple(_argument_name(p) for p in gm.graph.find_nodes(op="placeholder"))
         # config.frozen_parameters: the module parameters among the inputs, with their real values (lowering/freeze.py)
         params = parameter_inputs(gm, example_inputs) if self.config.frozen_parameters else ()
+        lookup = self.compile_cache.lookup(gm, example_inputs) if self.compile_cache is not None else None
+        if lookup is not None and lookup.found is not None:  # airgraph/cache: AOTAutograd's graph, stored
+            loaded = self.compile_cache.load(lookup, example_inputs)
+            if loaded is not None:
+                return self._from_cache(loaded, dynamo_graph, names, params)
         compile_as = functools.partial(
             self.compile_graph, dynamo_graph=dynamo_graph, arg_names=names, parameters=params
         )
+        inference = functools.partial(compile_as, kind="inference")
+        if lookup is not None:  # its entry is written once compiled (airgraph/cache)
+            store = self._compile_and_store
+            inference = functools.partial(store, lookup=lookup, compile_as=compile_as)
         if self.config.kernel_backend == "inductor":
             from torch._inductor import config as inductor_config
             from torch._inductor.decomposition import select_decomp_table
@@ -141,12 +169,65 @@ class AirgraphBackend:
         aot = aot_autograd(
             fw_compiler=functools.partial(compile_as, kind="forward"),
             bw_compiler=functools.partial(compile_as, kind="backward"),
-            inference_compiler=functools.partial(compile_as, kind="inference"),
+            inference_compiler=inference,
             decompositions=decompositions,
             partition_fn=partition_fn,
             keep_inference_input_mutations=self.config.experimental_config.keep_inference_input_mutations,
         )
         return aot(gm, example_inputs, **kwargs)
+
+    def _from_cache(
+        self,
+        loaded: Loaded,
+        dynamo_graph: int,
+        names: tuple[str | None, ...],
+        params: tuple[Parameter | None, ...],
+    ) -> Callable[..., Any]:
+        """A Dynamo graph compiled from its compile-cache entry: AOTAutograd's stored inference graph, compiled from
+        airgraph's passes on (frozen parameters, too, are this call's: the entry holds none); AOTAutograd's facts
+        answered from the entry (lowering/aot.py ``replaying``). Called by Dynamo with the graph's inputs as
+        arguments, as AOTAutograd's own function is."""
+        with aot.tracing(loaded.fake_mode), aot.replaying(loaded.facts):
+            run = self.compile_graph(
+                loaded.gm,
+                loaded.example_inputs,
+                kind="inference",
+                dynamo_graph=dynamo_graph,
+                arg_names=names,
+                parameters=params,
+                graph_passes_done=True,
+            )
+        self.reports[-1].compile_cache = "hit"
+        return _Unboxed(run)
+
+    def _compile_and_store(
+        self,
+        gm: torch.fx.GraphModule,
+        example_inputs: list[Any],
+        *,
+        lookup: Lookup,
+        compile_as: Callable[..., Callable[[list], Any]],
+    ) -> Callable[[list], Any]:
+        """AOTAutograd's inference compiler where the Dynamo graph has a compile-cache entry to write: Inductor's
+        graph passes first (compile_graph's own step), the graph as they leave it kept for the entry (before
+        airgraph's passes edit it and frozen parameters become its constants: weights stay inputs in an entry),
+        compiled, and the entry written once it compiled; when AOTAutograd's runtime wrappers have work around the
+        graph it has no entry (lowering/aot.py ``snapshot``)."""
+        if self.config.kernel_backend == "inductor":
+            gm = inductor_passes.inference_passes(gm, example_inputs)
+        facts = aot.snapshot(len(example_inputs))
+        payload, why = None, "not stored: AOTAutograd's runtime wrappers have work around this graph"
+        if facts is not None and self.compile_cache is not None:
+            try:
+                payload = self.compile_cache.payload(gm, facts)
+            except Exception as exc:  # a graph GraphPickler cannot write: compiled, not stored
+                why = f"not stored: the graph cannot be written ({type(exc).__name__}: {exc})"
+        run = compile_as(gm, example_inputs, kind="inference", graph_passes_done=True)
+        report = self.reports[-1]
+        report.compile_cache = why
+        if payload is not None and self.compile_cache is not None and self.compile_cache.store(lookup, payload, gm):
+            report.compile_cache = "stored"
+        return run
 
     # -- one ATen graph ----------------------------------------------------------------------------------
     def compile_graph(
@@ -158,11 +239,14 @@ class AirgraphBackend:
         dynamo_graph: int = 0,
         arg_names: tuple[str | None, ...] = (),
         parameters: tuple[Parameter | None, ...] = (),
+        graph_passes_done: bool = False,
     ) -> Callable[[list], Any]:
         """One ATen graph: passes -> capture plan -> host split -> partition -> choose and lower -> executor ->
         capture (module docstring); its report is appended to ``self.reports``. ``arg_names``: the forward's
         argument name behind each input, where Dynamo knows it (capture sizes' pad values); ``parameters``: the
-        module parameter behind each input, with config.frozen_parameters (lowering/freeze.py)."""
+        module parameter behind each input, with config.frozen_parameters (lowering/freeze.py);
+        ``graph_passes_done``: Inductor's graph passes already ran on ``gm`` (a compile-cache entry's graph, or one
+        being stored)."""
         start = time.perf_counter()
         device = graph_device(gm, example_inputs)
         job = _Job(
@@ -173,7 +257,7 @@ class AirgraphBackend:
             request=GraphRequest(kind, device, self.config, static_kernels=self.static_kernels, tuning=self.tuning),
             arg_names=arg_names if kind == "inference" else (),
         )
-        if kind == "inference" and self.config.kernel_backend == "inductor":
+        if kind == "inference" and self.config.kernel_backend == "inductor" and not graph_passes_done:
             gm = inductor_passes.inference_passes(gm, example_inputs)  # a training graph's ran before its partition
         placeholders = gm.graph.find_nodes(op="placeholder")
         layouts = Layouts(placeholders, example_inputs)  # the strides values really have (lowering/layouts.py)
@@ -309,6 +393,8 @@ class AirgraphBackend:
             return capture
         values = self.config.reduce_overhead.pad_values
         fills = {i: values[name] for i, name in enumerate(job.arg_names) if name in values}
+        from airgraph.runtime.padding import PaddedRun
+
         return PaddedRun(
             capture,
             padding,
@@ -328,6 +414,8 @@ class AirgraphBackend:
             warn_once(("capture_sizes", "training"), CAPTURE_SIZES_TRAINING)
             return None
         dim = self.config.reduce_overhead.capture_dim
+        from airgraph.lowering.padding import PadRefusal, plan_padding
+
         padding = plan_padding(gm, dim=dim, static_indices=set(static))
         if padding is None:
             if not _batch_of_one(gm, dim, static):  # (Dynamo gives a batch of 1 a static graph of its own)
@@ -351,6 +439,41 @@ class AirgraphBackend:
                 observer(key, args)
 
         return observe
+
+
+def _static(kernels: ImplSource) -> bool:
+    """Whether the seam's static-kernel store is airgraph's own (kernels/static.py; a test may plant another)."""
+    from airgraph.kernels.static import StaticKernels
+
+    return isinstance(kernels, StaticKernels)
+
+
+class _Bank:
+    """The seam's tuning step (tuning/source.py's BankSource), whose modules are imported once a bank folder exists:
+    most processes have none, and tuning is a package of its own."""
+
+    def __init__(self, config: CompilerConfig) -> None:
+        self.config = config
+        self.source: ImplSource | None = None
+
+    def lookup(self, segment: Segment, request: GraphRequest) -> Any:
+        if self.source is None:
+            if not request.config.tuning.use_bank or not os.path.isdir(self.config.tuning.resolved_bank_dir()):
+                return None
+            from airgraph.tuning.source import BankSource
+
+            self.source = BankSource(self.config)
+        return self.source.lookup(segment, request)
+
+
+class _Unboxed:
+    """A boxed callable (it takes one list) called with the inputs as arguments, as Dynamo calls a backend's."""
+
+    def __init__(self, run: Callable[[list], Any]) -> None:
+        self.run = run
+
+    def __call__(self, *args: Any) -> Any:
+        return self.run(list(args))
 
 
 @dataclass(frozen=True)

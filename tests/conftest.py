@@ -1,7 +1,8 @@
 """Shared test set-up: the `cuda` marker is skipped here, centrally, when no GPU is present, and each `cuda` test that
 leaves the device unusable fails (so its neighbours in the worker do not); every simulated CUDA runtime a test makes
 is checked when it ends; the tuning bank and the devices' tuning locks are fresh folders for the session (a user's bank
-must not change what the tests compile)."""
+must not change what the tests compile), and the compile cache a fresh folder for each test (an entry another test
+wrote must not change what a test compiles)."""
 
 from __future__ import annotations
 
@@ -79,6 +80,13 @@ def instances_made(monkeypatch: pytest.MonkeyPatch, cls: type) -> list:
 
     monkeypatch.setattr(cls, "__init__", tracked)
     return made
+
+
+@pytest.fixture(autouse=True)
+def _fresh_compile_cache(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory):
+    """Each test (and the processes it starts) has a compile cache of its own, empty (airgraph/cache)."""
+    monkeypatch.setenv("AIRGRAPH_CACHE_DIR", str(tmp_path_factory.mktemp("compile-cache")))
+    yield
 
 
 @pytest.fixture

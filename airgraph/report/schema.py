@@ -94,6 +94,9 @@ class GraphReport:
     frozen_refused: str | None = None
     # Planned without running (airgraph.explain on fake inputs): nothing was lowered, run or captured.
     planned: bool = False
+    # The compile cache (airgraph/cache): "hit" (compiled from an entry: AOTAutograd skipped), "stored" (an entry
+    # written), or why none was written; None when the cache is off or the graph has no entry (a training graph).
+    compile_cache: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
