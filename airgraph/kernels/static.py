@@ -46,7 +46,7 @@ from airgraph.kernels.node import register_process
 from airgraph.kernels.probe import LoadProbes, open_package
 from airgraph.kernels.records import Recorder, is_view
 from airgraph.kernels.shapes import bind, data_dependent, shape_id, shape_key_of, spec
-from airgraph.kernels.warm import WarmGraph, graph_record, restarted_floats, warm_start
+from airgraph.kernels.warm import WarmGraph, graph_record, prespecialize, restarted_floats, warm_start
 from airgraph.lowering.keys import graph_key
 from airgraph.lowering.request import LowerRequest
 from airgraph.lowering.select import GraphRequest, Impl, choose
@@ -98,6 +98,7 @@ class StaticKernels:
         self.current: tuple[str, int] | None = None  # the Dynamo graph being compiled: warm-start key, inputs
         self.records: dict[str, dict] = {}  # Dynamo graphs compiled here that can warm-start (kernels/warm.py)
         self._abandoned: str | None = None  # a graph of the frame being compiled that Dynamo traced again
+        prespecialize(self.graph_records())  # the floats the library's graphs restarted for (kernels/warm.py)
 
     def __repr__(self) -> str:
         return f"StaticKernels(library={str(self.library.root)!r}, build_dir={str(self.build_dir)!r})"

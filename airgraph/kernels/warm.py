@@ -6,7 +6,8 @@ Where a Dynamo graph's ATen graph is one static-kernel segment, a later process 
 - **recorded** by the process that built the kernels (:func:`graph_record`): an inference graph whose single
   segment reads only graph inputs and returns the graph's outputs in order, with nothing left to AOTAutograd's
   runtime wrappers (lowering/aot.py); the package says which Dynamo graph the kernels serve and which inputs
-  they read. A restart Dynamo made (``TensorifyScalarRestartAnalysis``) is recorded too, and asked for at once;
+  they read. A restart Dynamo made (``TensorifyScalarRestartAnalysis``) is recorded too, and asked for before
+  Dynamo's first trace (:func:`prespecialize`; at once, where that trace came first);
 - **used** by a later process (:func:`warm_start`, before AOTAutograd): on the CPU, without autograd, for a
   recorded graph whose current shape key has a kernel that runs here, a :class:`WarmGraph` calls the kernels
   directly, guarded on the installed keys' symbol values; other shapes compile again on the ordinary path.
@@ -55,7 +56,7 @@ class StaticKernels(Protocol):
     def load(self, graph_key: str, sid: str, device: torch.device) -> LoadedKernel | None: ...
 
 
-__all__ = ["WarmGraph", "dynamo_key", "graph_record", "restarted_floats", "warm_start"]
+__all__ = ["WarmGraph", "dynamo_key", "graph_record", "prespecialize", "restarted_floats", "warm_start"]
 
 try:  # how AOTAutograd makes Dynamo trace again with Python floats specialized (the same in torch 2.11 to 2.13)
     from torch._dynamo.exc import TensorifyScalarRestartAnalysis
@@ -68,6 +69,20 @@ def restarted_floats() -> list[str]:
     """The float symbols AOTAutograd asked Dynamo to specialize while compiling this frame (it raised
     ``TensorifyScalarRestartAnalysis``; Dynamo traced the frame again)."""
     return sorted(getattr(TensorifyState, "force_specializations", ()) or ())
+
+
+def prespecialize(records: dict[str, dict]) -> list[str]:
+    """Ask Dynamo, before it traces anything, for the float specializations the library's graphs restarted for (the
+    ``restart`` records): its first trace of such a frame is then the specialized graph, which warm-starts, instead
+    of a trace that :func:`_restart` throws away (a whole Dynamo trace, most of a warm start's compile). Dynamo keeps
+    these names for the rest of the process after a restart anyway (``TensorifyState`` is cleared only by another
+    kind of restart and by ``torch._dynamo.reset``), so this is the state a cold process ends in. Returns the names."""
+    if TensorifyState is None:
+        return []
+    names = sorted({name for record in records.values() for name in record.get("restart", ())})
+    for name in names:
+        TensorifyState.specialize(name)
+    return names
 
 
 def _restart(names: list[str], gm: torch.fx.GraphModule) -> None:
