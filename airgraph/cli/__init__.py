@@ -1,10 +1,10 @@
 """The ``airgraph`` command (also ``python -m airgraph``): demo, bench, inspect, export, run, kernels, tune, bank,
-compare.
+cache, compare.
 
 One module per subcommand group (bench.py: demo and bench; inspect.py; export.py: export and run; tune.py;
-bank.py; compare.py), each with an ``add_parsers(sub, docs)`` that imports no torch, so ``airgraph --help`` answers
-at once; a command imports torch when it runs. ``airgraph run`` is dispatched to ``airgraph.export.runner`` before
-any parser is built: it runs exports in a process that never imports torch.
+bank.py; cache.py; compare.py), each with an ``add_parsers(sub, docs)`` that imports no torch, so ``airgraph
+--help`` answers at once; a command imports torch when it runs. ``airgraph run`` is dispatched to
+``airgraph.export.runner`` before any parser is built: it runs exports in a process that never imports torch.
 
 Exit codes: 0 success; 1 a mode's outputs differ from eager (demo, bench), a model that cannot be
 exported (export), outputs that differ from the reference (run --check), a divergence (compare); 2 a usage error
@@ -18,7 +18,7 @@ import sys
 from collections.abc import Sequence
 
 import airgraph
-from airgraph.cli import bank, bench, compare, export, inspect, kernels, tune
+from airgraph.cli import bank, bench, cache, compare, export, inspect, kernels, tune
 from airgraph.cli.common import CliError, make_console
 from airgraph.config import CompilerConfig
 
@@ -32,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"airgraph {airgraph.__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for group in (bench, inspect, export, kernels, tune, bank, compare):
+    for group in (bench, inspect, export, kernels, tune, bank, cache, compare):
         group.add_parsers(sub, docs)
     parser.set_defaults(subcommands=sub.choices)
     return parser
