@@ -82,8 +82,14 @@ def run_worker(args: list[str], env: dict[str, str], *, script: Path = WORKER, p
     return done
 
 
-def measure(case: str, variant: str, caches: Path, extra: list[str] | None = None) -> dict[str, Any]:
-    env = {"TORCHINDUCTOR_CACHE_DIR": str(caches / "inductor"), "AIRGRAPH_CACHE_DIR": str(caches / "airgraph")}
+def measure(
+    case: str, variant: str, caches: Path, extra: list[str] | None = None, env: dict[str, str] | None = None
+) -> dict[str, Any]:
+    env = {
+        "TORCHINDUCTOR_CACHE_DIR": str(caches / "inductor"),
+        "AIRGRAPH_CACHE_DIR": str(caches / "airgraph"),
+        **(env or {}),
+    }
     done = run_worker([case, variant.split()[0], *(extra or [])], env)
     result = json.loads(done.stdout.strip().splitlines()[-1])
     shown = {k: result[k] for k in ("from_start_s", "first_call_s") if k in result}
@@ -101,10 +107,11 @@ def phases(profile: Path) -> dict[str, float]:
     return found
 
 
-def imported_after_torch(case: str, variant: str, caches: Path) -> dict[str, Any]:
+def imported_after_torch(case: str, variant: str, caches: Path, extra: dict[str, str] | None = None) -> dict[str, Any]:
     """``-X importtime``: the modules the process imported itself after ``import torch`` (cumulative seconds,
     the largest), and the seconds of airgraph's own modules (their self times, summed)."""
     env = {"TORCHINDUCTOR_CACHE_DIR": str(caches / "inductor"), "AIRGRAPH_CACHE_DIR": str(caches / "airgraph")}
+    env.update(extra or {})
     done = run_worker([case, variant], env, python=[sys.executable, "-X", "importtime"])
     rows = []
     for line in done.stderr.splitlines():
@@ -122,35 +129,49 @@ def imported_after_torch(case: str, variant: str, caches: Path) -> dict[str, Any
 
 
 def static_kernels(work: Path, rounds: int, profile: bool) -> dict[str, Any]:
-    """The static kernels' warm start: build once, then per round a cold and a warm process (from start)."""
-    common = ["--preset", "tiny", "--batches", "2,3,4"]
+    """The static kernels' warm start: the library built once (benchmarks/static_kernels_worker.py, batches 2, 3
+    and 4), then per round a cold process (empty library: dynamic kernels compiled, empty caches) and a warm one
+    (the library installed, empty caches), both from process start to the decode step's first output (batch 2)."""
+    build = run_worker(
+        ["build", "--build-dir", str(work / "build"), "--preset", "tiny", "--batches", "2,3,4"],
+        {"TORCHINDUCTOR_CACHE_DIR": str(work / "inductor-build"), "AIRGRAPH_CACHE_DIR": str(work / "ag-build")},
+        script=STATIC_WORKER,
+    )
+    print(f"  static  build                {build.stdout.strip().splitlines()[-1][:80]}", flush=True)
 
-    def one(what: str, tag: str, *extra: str, python: list[str] | None = None) -> dict[str, Any]:
-        env = {"TORCHINDUCTOR_CACHE_DIR": str(work / f"inductor-{tag}"), "AIRGRAPH_CACHE_DIR": str(work / f"ag-{tag}")}
-        done = run_worker([what, *extra, *common], env, script=STATIC_WORKER, python=python)
-        result = json.loads(done.stdout.strip().splitlines()[-1])
-        print(f"  static  {tag:20s} {json.dumps({'from_start_s': round(result['from_start_s'], 3)})}", flush=True)
-        return result
+    def one(tag: str, library: Path, extra: list[str] | None = None) -> dict[str, Any]:
+        env = {
+            "AIRGRAPH_STATIC_KERNELS": "1",
+            "AIRGRAPH_STATIC_KERNELS_BUILD": "0",
+            "AIRGRAPH_STATIC_KERNELS_BUILD_DIR": str(work / tag),
+            "AIRGRAPH_KERNEL_LIBRARY": str(library),
+        }
+        return measure("decode", f"airgraph {tag}", work / f"caches-{tag}", extra, env)
 
-    build = one("build", "build", "--build-dir", str(work / "build"))
-    library = str(work / "build" / "static_kernel_library")
     cold, warm = [], []
     for r in range(rounds):
-        cold.append(one("airgraph", f"cold-{r}", "--build-dir", str(work / f"cold-{r}")))
-        warm.append(one("airgraph", f"warm-{r}", "--build-dir", str(work / f"warm-{r}"), "--library", library))
+        cold.append(one(f"cold-{r}", work / f"empty-{r}"))
+        warm.append(one(f"warm-{r}", work / "build" / "static_kernel_library"))
     result: dict[str, Any] = {
-        "build_first_output_s": round(build["first_output_s"], 3),
-        "cold": {k: round(statistics.median(r[k] for r in cold), 3) for k in ("from_start_s", "first_output_s")},
-        "warm": {k: round(statistics.median(r[k] for r in warm), 3) for k in ("from_start_s", "first_output_s")},
-        "warm_static_keys": warm[-1].get("static_keys"),
-        "warm_inductor_lowerings": [r["inductor_lowerings"] for r in warm],
+        "cold_from_start_s": round(statistics.median(r["from_start_s"] for r in cold), 3),
+        "warm_from_start_s": round(statistics.median(r["from_start_s"] for r in warm), 3),
+        "warm_first_call_s": round(statistics.median(r["first_call_s"] for r in warm), 3),
+        "warm_chosen_by": warm[-1].get("chosen_by"),
+        "warm_aot_autograd_traces": [r["aot_autograd_traces"] for r in warm],
+        "max_abs_diff": max(r["max_abs_diff"] for r in cold + warm),
     }
-    result["warm_over_cold_from_start"] = round(result["warm"]["from_start_s"] / result["cold"]["from_start_s"], 3)
+    result["warm_over_cold_from_start"] = round(result["warm_from_start_s"] / result["cold_from_start_s"], 3)
     if profile:
         path = work / "static-warm.prof"
-        one("airgraph", "warm-prof", "--build-dir", str(work / "warm-prof"), "--library", library,
-            python=[sys.executable, "-m", "cProfile", "-o", str(path)])  # fmt: skip
-        result["warm_profile"] = phases(path)
+        one("warm-prof", work / "build" / "static_kernel_library", ["--profile", str(path)])
+        result["warm_profile_s"] = phases(path)
+        env = {
+            "AIRGRAPH_STATIC_KERNELS": "1",
+            "AIRGRAPH_STATIC_KERNELS_BUILD": "0",
+            "AIRGRAPH_STATIC_KERNELS_BUILD_DIR": str(work / "warm-imports"),
+            "AIRGRAPH_KERNEL_LIBRARY": str(work / "build" / "static_kernel_library"),
+        }
+        result["warm_imports"] = imported_after_torch("decode", "airgraph", work / "caches-warm-imports", env)
     return result
 
 
@@ -202,7 +223,7 @@ def main() -> None:
                 }
     static = None
     if not args.no_static:
-        print("static kernels' warm start", flush=True)
+        print("static kernels' warm start (tiny LLaMA decode)", flush=True)
         static = static_kernels(work / "static", args.rounds, profile=not args.no_profile)
     data = {
         **environment(torch.device("cpu")),

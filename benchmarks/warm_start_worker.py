@@ -4,9 +4,11 @@
 
 CASE: ``gpt2`` (HF GPT-2 from a tiny config, default mode), ``mixer`` (a two-block MLP mixer, reduce-overhead),
 and held-out models of the same kinds: ``llama`` (HF LLaMA from a tiny config, default mode), ``mixer3`` (a
-three-block mixer of other sizes, reduce-overhead). VARIANT: ``eager``, ``torch.compile`` (Inductor) or
-``airgraph``. Caches come from the environment the driver sets (``TORCHINDUCTOR_CACHE_DIR``, ``AIRGRAPH_CACHE_DIR``):
-a fresh folder makes a cold process, the folder of an earlier process a warm one. One thread, no autograd.
+three-block mixer of other sizes, reduce-overhead); ``decode``: the tiny LLaMA decode step at batch 2 with
+``dynamic=True`` (the static kernels' case: the driver turns them on through their environment variables).
+VARIANT: ``eager``, ``torch.compile`` (Inductor) or ``airgraph``. Caches come from the environment the driver sets
+(``TORCHINDUCTOR_CACHE_DIR``, ``AIRGRAPH_CACHE_DIR``): a fresh folder makes a cold process, the folder of an earlier
+process a warm one. One thread, no autograd.
 
 Prints one JSON line: seconds from the first line to ``import torch`` done, to the model built, and to the first
 output; the call's own seconds; what ran (Dynamo graphs, AOTAutograd traces, Inductor's cache hits and misses,
@@ -26,14 +28,20 @@ import json  # noqa: E402
 import sys  # noqa: E402
 from typing import Any  # noqa: E402
 
-CASES = ("gpt2", "mixer", "llama", "mixer3")
+CASES = ("gpt2", "mixer", "llama", "mixer3", "decode")
 MODES = {"gpt2": "max-autotune", "llama": "max-autotune", "mixer": "reduce-overhead", "mixer3": "reduce-overhead"}
+MODES["decode"] = "max-autotune"
 
 
 def build(case: str) -> tuple[Any, tuple]:
     """The model (weights from a fixed seed) and its input; HF models from tiny configs, no downloads."""
     import torch
 
+    if case == "decode":
+        from airgraph.models import build_tiny_llama, decode_inputs
+
+        model = build_tiny_llama("tiny", max_batch_size=4)
+        return model, decode_inputs(model.config, 2, 8, seed=2)
     if case in ("mixer", "mixer3"):
         from airgraph.models.mixer import MlpMixer
 
@@ -70,9 +78,11 @@ def counts(backend: Any) -> dict[str, Any]:
         "fxgraph_cache_miss": counters["inductor"]["fxgraph_cache_miss"],
         "aot_autograd_cache_hit": counters["aot_autograd"]["autograd_cache_hit"],
         "inductor_imported": "torch._inductor.compile_fx" in sys.modules,
+        "inductor_counters": {k: v for k, v in counters["inductor"].items() if "cache" in k},
     }
     if backend is not None:
-        found["compile_cache"] = dict(getattr(backend, "cache_counts", {}) or {})
+        cache = getattr(backend, "compile_cache", None)
+        found["compile_cache"] = dict(cache.counts) if cache is not None else None
         found["chosen_by"] = sorted({s.chosen_by for r in backend.reports for s in r.segments if s.chosen_by})
     return found
 
@@ -95,14 +105,14 @@ def main() -> None:
     backend = None
     if args.variant == "torch.compile":
         mode = None if MODES[args.case] == "max-autotune" else "reduce-overhead"
-        run = torch.compile(model, mode=mode)
+        run = torch.compile(model, mode=mode, dynamic=True if args.case == "decode" else None)
     elif args.variant == "airgraph":
         import airgraph
 
         config = airgraph.CompilerConfig()
         config.mode = MODES[args.case]
         backend = airgraph.get_backend(config)
-        run = torch.compile(model, backend=backend)
+        run = torch.compile(model, backend=backend, dynamic=True if args.case == "decode" else None)
     else:
         run = model
     with torch.no_grad():
