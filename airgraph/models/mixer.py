@@ -1,7 +1,7 @@
 """An MLP mixer (Tolstikhin et al., 2021) from a few blocks: the warm-start benchmark's reduce-overhead case.
 
-Each block mixes tokens, then channels, each with a pre-norm two-layer MLP (GELU) and a residual add; a final
-norm, a mean over tokens and a linear head give the logits. The input is already patch-embedded:
+Each block mixes tokens, then channels, each with a pre-norm two-layer MLP (GELU, or ReLU) and a residual add; a
+final norm, a mean over tokens and a linear head give the logits. The input is already patch-embedded:
 ``(batch, tokens, channels)``. Weights are drawn from ``seed`` (the global generator is left as it was).
 """
 
@@ -12,13 +12,16 @@ from torch import nn
 
 
 class MixerBlock(nn.Module):
-    def __init__(self, tokens: int, channels: int, token_hidden: int, channel_hidden: int) -> None:
+    def __init__(
+        self, tokens: int, channels: int, token_hidden: int, channel_hidden: int, activation: str = "gelu"
+    ) -> None:
         super().__init__()
+        act = {"gelu": nn.GELU, "relu": nn.ReLU}[activation]
         self.norm1 = nn.LayerNorm(channels)
-        self.token_mlp = nn.Sequential(nn.Linear(tokens, token_hidden), nn.GELU(), nn.Linear(token_hidden, tokens))
+        self.token_mlp = nn.Sequential(nn.Linear(tokens, token_hidden), act(), nn.Linear(token_hidden, tokens))
         self.norm2 = nn.LayerNorm(channels)
         self.channel_mlp = nn.Sequential(
-            nn.Linear(channels, channel_hidden), nn.GELU(), nn.Linear(channel_hidden, channels)
+            nn.Linear(channels, channel_hidden), act(), nn.Linear(channel_hidden, channels)
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -36,16 +39,19 @@ class MlpMixer(nn.Module):
         token_hidden: int = 32,
         channel_hidden: int = 256,
         classes: int = 10,
+        activation: str = "gelu",
         seed: int = 0,
     ) -> None:
         super().__init__()
         if min(blocks, tokens, channels, token_hidden, channel_hidden, classes) < 1:
             raise ValueError("MlpMixer: every size must be >= 1")
+        if activation not in ("gelu", "relu"):
+            raise ValueError(f"MlpMixer: activation {activation!r}; use 'gelu' or 'relu'")
         self.tokens, self.channels = tokens, channels
         with torch.random.fork_rng(devices=[]):  # the weights from ``seed``; the caller's generator untouched
             torch.manual_seed(seed)
             self.blocks = nn.ModuleList(
-                MixerBlock(tokens, channels, token_hidden, channel_hidden) for _ in range(blocks)
+                MixerBlock(tokens, channels, token_hidden, channel_hidden, activation) for _ in range(blocks)
             )
             self.norm = nn.LayerNorm(channels)
             self.head = nn.Linear(channels, classes)

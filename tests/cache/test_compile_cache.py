@@ -71,7 +71,9 @@ def test_another_architecture_misses():
     worker("--blocks", "2")
     deeper = worker("--blocks", "3")
     assert deeper["reports"] == ["stored"] and deeper["aot_traces"] == 1 and deeper["max_abs_diff"] <= 1e-5
-    assert len(entries()) == 2
+    other_op = worker("--activation", "relu")  # the same inputs (weights, shapes), another computation
+    assert other_op["reports"] == ["stored"] and other_op["aot_traces"] == 1 and other_op["max_abs_diff"] <= 1e-5
+    assert len(entries()) == 3
 
 
 def test_two_processes_writing_one_entry_leave_one_whole_entry(tmp_path):
@@ -174,11 +176,22 @@ def test_training_graphs_and_dynamic_shapes_compile_as_before():
     with torch.no_grad():
         assert_close(compiled(x), model(x))
     assert backend.compile_cache.counts["dynamic"] >= 1 and not entries()
+    assert [r.compile_cache for r in backend.reports] == [None]  # not even looked up
 
 
-def test_reduce_overhead_from_the_cache_is_captured_on_the_simulator():
+def test_reduce_overhead_from_the_cache_is_captured_on_the_simulator(monkeypatch):
     """A hit compiles on as any graph does: here captured (the simulated CUDA runtime), its parameters static inputs
-    as AOTAutograd said when the entry was written (lowering/aot.py replaying)."""
+    as AOTAutograd said when the entry was written (lowering/aot.py replaying), so not copied before each replay."""
+    from airgraph.runtime.capture import GraphCapture
+
+    static: list[list[int]] = []
+    init = GraphCapture.__init__
+
+    def recorded(self, run, **kwargs):
+        static.append(list(kwargs["static_indices"]))
+        init(self, run, **kwargs)
+
+    monkeypatch.setattr(GraphCapture, "__init__", recorded)
     for expected in ("stored", "hit"):
         torch._dynamo.reset()
         model, compiled, backend = compiled_mixer(runtime=SimulatedCuda(), mode="reduce-overhead")
@@ -188,6 +201,7 @@ def test_reduce_overhead_from_the_cache_is_captured_on_the_simulator():
                 assert_close(compiled(x), model(x))
         (report,) = backend.reports
         assert report.compile_cache == expected and report.captured and report.capture_keys == 1
+    assert static[0] == static[1] and len(static[0]) == len(list(model.parameters()))
 
 
 # -- damaged entries ---------------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """One process of the compile cache's tests: a small mixer compiled by airgraph, run once, compared with eager.
 
-    python tests/cache/worker.py [--blocks 2] [--seed 0] [--batch 2] [--mode max-autotune] [--backend aten]
-                                 [--barrier DIR]
+    python tests/cache/worker.py [--blocks 2] [--activation gelu] [--seed 0] [--batch 2] [--mode max-autotune]
+                                 [--backend aten] [--barrier DIR]
 
 The compile cache is the one ``AIRGRAPH_CACHE_DIR`` names (the tests set it). Prints one JSON line: AOTAutograd's
 traces, the graphs Inductor lowered (``GraphLowering`` made) and its FX graph cache hits, each compiled graph's
@@ -54,6 +54,7 @@ def _barrier(folder: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--blocks", type=int, default=2)
+    parser.add_argument("--activation", default="gelu")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--mode", default="max-autotune")
@@ -69,7 +70,7 @@ def main() -> None:
     from airgraph.models.mixer import MlpMixer
 
     sizes = {"tokens": 8, "channels": 16, "token_hidden": 16, "channel_hidden": 32}
-    model = MlpMixer(blocks=args.blocks, seed=args.seed, **sizes).eval()
+    model = MlpMixer(blocks=args.blocks, seed=args.seed, activation=args.activation, **sizes).eval()
     config = airgraph.CompilerConfig()
     config.mode, config.kernel_backend = args.mode, args.backend
     backend = airgraph.get_backend(config)
