@@ -58,6 +58,17 @@ def test_a_fresh_process_warm_starts_tracing_and_lowering_nothing(kernel_backend
     assert warm["max_abs_diff"] <= 1e-5 and warm["sum"] == pytest.approx(cold["sum"], rel=1e-5)
 
 
+@pytest.mark.cuda
+def test_a_fresh_process_on_cuda_warm_starts_and_captures(tmp_path):
+    """On a GPU, reduce-overhead: the warm process traces and lowers nothing and records its CUDA graph at load."""
+    args = ("--device", "cuda", "--mode", "reduce-overhead", "--backend", "inductor")
+    inductor = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    cold = worker(*args, env=inductor)
+    warm = worker(*args, env=inductor)
+    assert cold["reports"] == ["stored"] and warm["reports"] == ["hit"] and warm["captured"] == [True]
+    assert (warm["aot_traces"], warm["lowerings"]) == (0, 0) and warm["max_abs_diff"] <= 1e-4
+
+
 def test_other_weights_hit_the_entry_and_give_their_own_outputs():
     first = worker("--seed", "0")
     other = worker("--seed", "1")  # the same architecture, other weights: inputs, not constants

@@ -1,7 +1,7 @@
 """One process of the compile cache's tests: a small mixer compiled by airgraph, run once, compared with eager.
 
     python tests/cache/worker.py [--blocks 2] [--activation gelu] [--seed 0] [--batch 2] [--mode max-autotune]
-                                 [--backend aten] [--barrier DIR]
+                                 [--backend aten] [--barrier DIR] [--device cpu]
 
 The compile cache is the one ``AIRGRAPH_CACHE_DIR`` names (the tests set it). Prints one JSON line: AOTAutograd's
 traces, the graphs Inductor lowered (``GraphLowering`` made) and its FX graph cache hits, each compiled graph's
@@ -60,6 +60,7 @@ def main() -> None:
     parser.add_argument("--mode", default="max-autotune")
     parser.add_argument("--backend", default="aten")
     parser.add_argument("--barrier", default=None)
+    parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.backend == "inductor":
@@ -70,14 +71,16 @@ def main() -> None:
     from airgraph.models.mixer import MlpMixer
 
     sizes = {"tokens": 8, "channels": 16, "token_hidden": 16, "channel_hidden": 32}
-    model = MlpMixer(blocks=args.blocks, seed=args.seed, activation=args.activation, **sizes).eval()
+    model = MlpMixer(blocks=args.blocks, seed=args.seed, activation=args.activation, **sizes).eval().to(args.device)
     config = airgraph.CompilerConfig()
     config.mode, config.kernel_backend = args.mode, args.backend
     backend = airgraph.get_backend(config)
     compiled = torch.compile(model, backend=backend)
-    x = model.example_input(args.batch)
+    x = model.example_input(args.batch).to(args.device)
     with torch.no_grad():
         out = compiled(x)
+        for _ in range(2):  # reduce-overhead: warmed up, then captured and replayed
+            out = compiled(x)
         diff = (out - model(x)).abs().max().item()
     from torch._dynamo.utils import counters
 
@@ -89,6 +92,7 @@ def main() -> None:
                 "fx_hits": counters["inductor"]["fxgraph_cache_hit"],
                 "reports": [r.compile_cache for r in backend.reports],
                 "frozen": [len(r.frozen_parameters) for r in backend.reports],
+                "captured": [r.captured for r in backend.reports],
                 "counts": dict(backend.compile_cache.counts),
                 "max_abs_diff": diff,
                 "sum": out.sum().item(),
