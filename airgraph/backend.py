@@ -187,7 +187,7 @@ class AirgraphBackend:
         airgraph's passes on (frozen parameters, too, are this call's: the entry holds none); AOTAutograd's facts
         answered from the entry (lowering/aot.py ``replaying``). Called by Dynamo with the graph's inputs as
         arguments, as AOTAutograd's own function is."""
-        with aot.tracing(loaded.fake_mode), aot.replaying(loaded.facts):
+        with aot.tracing(loaded.fake_mode, guards_to_current=True), aot.replaying(loaded.facts):
             run = self.compile_graph(
                 loaded.gm,
                 loaded.example_inputs,

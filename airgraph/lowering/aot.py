@@ -155,7 +155,13 @@ def tracing_active() -> bool:
 
 
 @contextlib.contextmanager
-def tracing(fake_mode: Any | None) -> Iterator[None]:
-    """A tracing context of its own for ``fake_mode`` (compiling outside torch.compile's), or none (None)."""
-    with torch._guards.tracing(TracingContext(fake_mode) if fake_mode is not None else None):
+def tracing(fake_mode: Any | None, *, guards_to_current: bool = False) -> Iterator[None]:
+    """A tracing context of its own for ``fake_mode`` (compiling outside torch.compile's), or none (None).
+    ``guards_to_current``: the guards installed meanwhile (frozen parameters' identity guards) go to the context
+    current now, Dynamo's, whose compiled graph they guard (a compile-cache hit compiles in a context of its own)."""
+    context = TracingContext(fake_mode) if fake_mode is not None else None
+    outer = TracingContext.try_get()
+    if context is not None and guards_to_current and outer is not None:
+        context.guards_context = outer.guards_context
+    with torch._guards.tracing(context):
         yield

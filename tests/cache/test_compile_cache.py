@@ -305,3 +305,18 @@ def test_frozen_parameters_stay_out_of_the_entry(kernel_backend, tmp_path):
     assert first["reports"] == ["stored"] and other["reports"] == ["hit"]
     assert first["frozen"] and first["frozen"] == other["frozen"]  # the weights were constants in both
     assert other["max_abs_diff"] <= 1e-5 and other["sum"] != pytest.approx(first["sum"], rel=1e-3)
+
+
+def test_a_hit_with_frozen_parameters_keeps_their_identity_guards():
+    """A graph compiled from its entry freezes this call's parameters and guards their identity in Dynamo's
+    guards (lowering/freeze.py): a parameter replaced afterwards recompiles instead of running the old weights."""
+    run_once(frozen_parameters=True)
+    torch._dynamo.reset()
+    model, compiled, backend = compiled_mixer(frozen_parameters=True)
+    x = model.example_input(2)
+    with torch.no_grad():
+        assert_close(compiled(x), model(x))
+        model.head.weight = torch.nn.Parameter(torch.randn_like(model.head.weight))
+        assert_close(compiled(x), model(x))
+    assert [r.compile_cache for r in backend.reports][:1] == ["hit"] and backend.dynamo_graphs == 2
+    assert all(r.frozen_parameters for r in backend.reports)
