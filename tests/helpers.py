@@ -112,9 +112,17 @@ def assert_close(actual: Any, expected: Any) -> None:
 
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 now (for a rendezvous store)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct TCP ports free on 127.0.0.1 now: each socket stays bound until all are chosen, so two
+    rendezvous started at once never get the same port (one at a time, the system may hand out one twice)."""
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
 
 
 def exited_pid() -> int:

@@ -18,7 +18,7 @@ import torch
 from airgraph.export.atc_config import model_relation_config, numa_config
 from airgraph.export.runner import RunError, find_mpiexec
 from tests.export.export_models import run_without_torch
-from tests.helpers import free_port
+from tests.helpers import free_ports
 
 pytestmark = pytest.mark.slow  # multi-process exports / Inductor compiles of the tiny LLaMA
 
@@ -34,8 +34,7 @@ SEED_FILES = {
 RANK_FILES = {"dynamo.pbtxt", "export.json", "reference_inputs.npz", "reference_outputs.npz"}
 
 
-def _export(kind: str, out: Path, *extra: str) -> list[subprocess.Popen]:
-    port = free_port()
+def _export(kind: str, out: Path, port: int, *extra: str) -> list[subprocess.Popen]:
     cmd = [sys.executable, "-m", "tests.export.multirank_worker", kind]
     return [
         subprocess.Popen([*cmd, str(r), str(WORLD), str(port), str(out), *extra], stderr=subprocess.PIPE, text=True)
@@ -52,7 +51,10 @@ def exports(tmp_path_factory) -> dict[str, Path]:
     except RunError as exc:
         pytest.skip(str(exc))
     dirs = {"seed": tmp_path_factory.mktemp("seed"), "gather": tmp_path_factory.mktemp("gather")}
-    procs = _export("seed", dirs["seed"], "--atc") + _export("gather", dirs["gather"], "--external")
+    seed_port, gather_port = free_ports(2)  # both rendezvous run at once: distinct ports
+    procs = _export("seed", dirs["seed"], seed_port, "--atc") + _export(
+        "gather", dirs["gather"], gather_port, "--external"
+    )
     for proc in procs:
         _, err = proc.communicate(timeout=120)
         assert proc.returncode == 0, err[-3000:]
