@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CompilerConfig",
+    "cache_compile",
     "compare",
     "compile",
     "dynamo_export",
@@ -42,6 +43,7 @@ __version__ = "0.1.0"
 _LAZY: dict[str, tuple[str, str | None]] = {
     "get_backend": ("airgraph.backend", "get_backend"),
     "compile": ("airgraph.backend", "compile_model"),
+    "cache_compile": ("airgraph.cache.aot_package", "cache_compile"),
     "compare": ("airgraph.precision.api", "compare"),
     "explain": ("airgraph.report.explain", "explain"),
     "plan": ("airgraph.report.explain", "plan"),

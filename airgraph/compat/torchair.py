@@ -48,6 +48,7 @@ from airgraph.config import TuningConfig, torchair_tuning_environment
 __all__ = [
     "CompilerConfig",
     "TorchAirBackend",
+    "cache_compile",
     "dynamo_export",
     "get_compiler",
     "get_npu_backend",
@@ -243,7 +244,39 @@ def set_dim_gears(t: torch.Tensor, dim_gears: dict[int, list[int] | tuple[int, .
     t.dim_gears = given  # type: ignore[attr-defined]
 
 
-inference = SimpleNamespace(set_dim_gears=set_dim_gears)
+def cache_compile(
+    func: Any,
+    *,
+    config: _CompilerConfig | None = None,
+    backend: Any = None,
+    dynamic: bool = True,
+    cache_dir: str | None = None,
+    global_rank: int | None = None,
+    tp_rank: int | None = None,
+    pp_rank: int | None = None,
+    ge_cache: bool = False,
+) -> Any:
+    """TorchAir's ``torchair.inference.cache_compile(func, config=..., cache_dir=...)``: airgraph.cache_compile
+    (airgraph/cache/aot_package.py), which loads a later process's program without Dynamo as TorchAir's does.
+    ``cache_dir`` becomes ``config.compile_cache``. ``dynamic``: every input signature has an entry of its own
+    here. The ranks and ``ge_cache`` change nothing: weights are inputs, so one entry serves every rank with the
+    same shapes, and there is no GE graph to cache apart. ``backend``: only airgraph's."""
+    from airgraph.cache.aot_package import cache_compile as _cache_compile
+
+    if backend is not None and not isinstance(backend, AirgraphBackend):
+        raise TypeError(
+            f"cache_compile: backend {type(backend).__name__} is not airgraph's; leave it out or pass "
+            "get_npu_backend(compiler_config=config)"
+        )
+    config = copy.deepcopy(config if config is not None else (backend.config if backend is not None else None))
+    if config is None:
+        config = CompilerConfig()
+    if cache_dir is not None:
+        config.compile_cache = cache_dir
+    return _cache_compile(func, config=config)
+
+
+inference = SimpleNamespace(set_dim_gears=set_dim_gears, cache_compile=cache_compile)
 
 
 class TorchAirBackend(AirgraphBackend):
