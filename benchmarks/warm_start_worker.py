@@ -29,9 +29,10 @@ import json  # noqa: E402
 import sys  # noqa: E402
 from typing import Any  # noqa: E402
 
-CASES = ("gpt2", "mixer", "llama", "mixer3", "decode")
+CASES = ("gpt2", "mixer", "llama", "mixer3", "decode", "decode-cuda")
 MODES = {"gpt2": "max-autotune", "llama": "max-autotune", "mixer": "reduce-overhead", "mixer3": "reduce-overhead"}
 MODES["decode"] = "max-autotune"
+MODES["decode-cuda"] = "reduce-overhead"
 
 
 def build(case: str) -> tuple[Any, tuple]:
@@ -43,6 +44,11 @@ def build(case: str) -> tuple[Any, tuple]:
 
         model = build_tiny_llama("tiny", max_batch_size=4)
         return model, decode_inputs(model.config, 2, 8, seed=2)
+    if case == "decode-cuda":  # issue #35's CUDA case: the small preset's decode step, batch 1
+        from airgraph.models import build_tiny_llama, decode_inputs
+
+        model = build_tiny_llama("small", device="cuda")
+        return model, decode_inputs(model.config, 1, 8, seed=2, device="cuda")
     if case in ("mixer", "mixer3"):
         from airgraph.models.mixer import MlpMixer
 
@@ -122,14 +128,25 @@ def main() -> None:
         run = airgraph.cache_compile(model, config=config)
     else:
         run = model
+    cuda = args.case.endswith("-cuda")
     with torch.no_grad():
         called = time.perf_counter()
         out = logits(run(*inputs))
+        if cuda:
+            torch.cuda.synchronize()
         first = time.perf_counter()
         if profiler is not None:
             profiler.disable()
             profiler.dump_stats(args.profile)
+        calls = [first - START]
+        captured_first = backend is not None and sum(r.capture_keys for r in backend.reports) > 0
         again = logits(run(*inputs))
+        if cuda:  # the next calls too: when does the first replayed step come out
+            torch.cuda.synchronize()
+            calls.append(time.perf_counter() - START)
+            again = logits(run(*inputs))
+            torch.cuda.synchronize()
+            calls.append(time.perf_counter() - START)
         reference = logits(model(*inputs))
     result = {
         "case": args.case,
@@ -140,6 +157,11 @@ def main() -> None:
         "first_call_s": round(first - called, 4),
         "max_abs_diff": max((out - reference).abs().max().item(), (again - reference).abs().max().item()),
     }
+    if cuda:  # eager and cache_compile replay nothing: their first output; airgraph records at its first call
+        # when it captures (its replay is the second), torch.compile's CUDA graph trees record at the second
+        replay = {"eager": 0, "cache_compile": 0, "airgraph": 1 if captured_first else 2, "torch.compile": 2}
+        result["calls_from_start_s"] = [round(t, 4) for t in calls]
+        result["first_replay_s"] = round(calls[replay[args.variant]], 4)
     if args.variant == "cache_compile":  # what the first output needed, before counts() imports Dynamo's utils
         result["cache_compile"] = run.stats
         result["dynamo_imported"] = "torch._dynamo.convert_frame" in sys.modules
