@@ -2,7 +2,7 @@
 # Everything a GPU session runs, in one device call: the CUDA tests, then the GPU benchmarks, each writing its
 # benchmarks/results/*_cuda.json.
 #
-#   bash benchmarks/gpu_checklist.sh [OUT] [quick|roofline|serving|cuda|tests|bench|all|followup|tuning]
+#   bash benchmarks/gpu_checklist.sh [OUT] [quick|roofline|serving|cuda|tests|bench|all|followup|tuning|warmstart]
 #
 # quick (the default) fits a 15-minute lease with a minute or two to start the machine: one call that BUDGET bounds,
 # run with the device tool's timeout_s=600; BUDGET (seconds, default 560) is when quick mode must be done. First the
@@ -23,6 +23,9 @@
 # After the decode benchmark (quick, cuda: if 240 s of BUDGET are left), and alone after the tuning cuda tests in
 # tuning mode (in BUDGET): tuning on the GPU (#36, benchmarks/tuning.py --device cuda: the 1B preset's decode step
 # and a prefill op-tuned in reduce-overhead against untuned in a fresh process, tuning_cuda.json after each model).
+# warmstart (alone, in BUDGET; also in `all`): the warm start on CUDA (#35, benchmarks/warm_start.py --device cuda:
+# the small preset's reduce-overhead decode, fresh processes cold and warm, first replayed step from process start
+# against eager's first step; warm_start_cuda.json).
 #
 # The device tool returns at most 8 files from OUT, and nothing written after it kills a call: after every step the
 # logs and the result files written so far are packed again into OUT/gpu-run.tgz, and OUT/summary.txt (also
@@ -123,6 +126,12 @@ if [[ "$what" == followup ]]; then
     pack
     exit 0
 fi
+if [[ "$what" == warmstart ]]; then
+    step warm_start-cuda "$budget" $py benchmarks/warm_start.py --device cuda --rounds 2 \
+        --output benchmarks/results/warm_start_cuda.json
+    pack
+    exit 0
+fi
 if [[ "$what" == tuning ]]; then
     step test-cuda-tuning 240 $py -m pytest -q -m cuda tests/tuning -p no:cacheprovider -rfE --tb=short
     tuning_bench "$budget" 240
@@ -182,6 +191,8 @@ if [[ "$what" != tests ]]; then
     if [[ "$what" != quick && "$what" != cuda ]]; then
         step multistream 420 $py benchmarks/multistream.py
         step host_placement 420 $py benchmarks/host_placement.py
+        step warm_start-cuda 600 $py benchmarks/warm_start.py --device cuda --rounds 2 \
+            --output benchmarks/results/warm_start_cuda.json
         # HF generate, static cache (#19): a cold compile per compiled variant, batch and dtype; it writes partial
         # results after every warm-up and round (complete: false) if cut off. bfloat16 tokens that differ from
         # eager only at exact logit ties are accepted (still listed in the JSON).

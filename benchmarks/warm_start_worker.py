@@ -140,10 +140,15 @@ def main() -> None:
             profiler.dump_stats(args.profile)
         calls = [first - START]
         captured_first = backend is not None and sum(r.capture_keys for r in backend.reports) > 0
+        out = out.clone()  # a CUDA graph's next replay may overwrite it
+        # torch's CUDA graph trees: a new step (imports Inductor, so only where they run)
+        step = torch.compiler.cudagraph_mark_step_begin if cuda and args.variant == "torch.compile" else lambda: None
+        step()
         again = logits(run(*inputs))
         if cuda:  # the next calls too: when does the first replayed step come out
             torch.cuda.synchronize()
             calls.append(time.perf_counter() - START)
+            step()
             again = logits(run(*inputs))
             torch.cuda.synchronize()
             calls.append(time.perf_counter() - START)
