@@ -66,6 +66,26 @@ def test_a_fresh_process_loads_the_package_without_dynamo_or_inductor(capsys):
     (entry,) = json.loads(capsys.readouterr().out)["entries"]
     assert entry["model"] == "MlpMixer.forward" and entry["mode"] == "cache_compile" and entry["state"] == "ok"
     assert entry["device"] == "cpu" and entry["bytes"] > 10_000
+    assert main(["cache", "clear"]) == 0
+    assert not list((Path(os.environ["AIRGRAPH_CACHE_DIR"]) / "entries").glob("*.entry"))
+    assert _worker(env)["stats"]["compiled"] == 1, "a cleared cache compiles again"
+
+
+@pytest.mark.slow
+def test_two_processes_compiling_one_entry_leave_one_whole_entry():
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "tests/cache/aot_worker.py"]
+    both = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)]
+    both.append(subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT))
+    for process in both:
+        out, err = process.communicate(timeout=600)
+        assert process.returncode == 0, err[-3000:]
+        assert json.loads(out.strip().splitlines()[-1])["max_abs_diff"] < 1e-5
+    folder = CacheFolder(os.environ["AIRGRAPH_CACHE_DIR"])
+    (entry,) = folder.scan()
+    assert folder.check(entry.key) is None
+    assert not [p for p in folder.entries.iterdir() if p.name.endswith(".tmp")], "no torn temporary file is left"
+    assert _worker(env)["stats"] == {"loaded": 1, "compiled": 0, "torch.compile": 0}
 
 
 def test_weights_are_inputs_other_weights_and_changed_weights_give_their_outputs(folder):
