@@ -202,6 +202,21 @@ def test_a_method_keyword_arguments_and_a_dict_output(folder):
     assert fast.stats["compiled"] == 2
 
 
+def test_decode_steps_write_their_kv_cache_like_eager(folder):
+    """The KV cache is a buffer the step writes in place: the package's writes reach the module's own buffers."""
+    from airgraph.models import build_tiny_llama, decode_inputs
+
+    model, reference = build_tiny_llama("micro"), build_tiny_llama("micro")
+    fast = _fast(model, folder)
+    with torch.no_grad():
+        for pos in range(4, 8):
+            tokens, input_pos = decode_inputs(model.config, 1, pos, seed=pos)
+            assert_close(fast(tokens, input_pos), reference(tokens, input_pos))
+    assert fast.stats["compiled"] + fast.stats["loaded"] == 1, "every position is one signature"
+    for ours, theirs in zip(model.buffers(), reference.buffers(), strict=True):
+        assert_close(ours, theirs)
+
+
 def test_autograd_frozen_parameters_and_what_is_not_a_module_are_refused(folder):
     model = _mixer()
     x = model.example_input(2)
