@@ -167,14 +167,7 @@ class CacheCompiled:
             "airgraph": airgraph.__version__,
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         }
-        try:
-            self.folder.write(key, payload, info)
-        except OSError as exc:
-            warn_once(
-                ("compile cache unwritable", str(self.folder.root)),
-                f"airgraph: the compile cache {self.folder.root} cannot be written ({exc}); set "
-                "config.compile_cache to a folder this process can write, or to False",
-            )
+        self.folder.store(key, payload, info)
         return _Loaded(key, _load(payload, _device_index(state, args, kwargs)), "compiled")
 
     def _compiled_fallback(self) -> Callable[..., Any]:

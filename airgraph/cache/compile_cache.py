@@ -120,16 +120,7 @@ class CompileCache:
             "airgraph": airgraph.__version__,
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         }
-        try:
-            self.folder.write(lookup.key, payload, info)
-        except OSError as exc:
-            from airgraph.log import warn_once
-
-            warn_once(
-                ("compile cache unwritable", str(self.root)),
-                f"airgraph: the compile cache {self.root} cannot be written ({exc}); set config.compile_cache to a "
-                "folder this process can write, or to False",
-            )
+        if not self.folder.store(lookup.key, payload, info):
             return False
         self.counts["stored"] += 1
         return True

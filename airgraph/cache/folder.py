@@ -76,6 +76,21 @@ class CacheFolder:
             write_bytes_atomic(path, data)
         return path
 
+    def store(self, key: str, payload: bytes, info: dict[str, Any]) -> bool:
+        """:meth:`write`, or False when this process cannot write the folder (warned once per folder): a cache
+        that cannot be filled leaves the compile to go on."""
+        try:
+            self.write(key, payload, info)
+        except OSError as exc:
+            warn_once(
+                ("compile cache unwritable", str(self.root)),
+                f"airgraph: the compile cache {self.root} cannot be written ({exc}); set config.compile_cache to a "
+                "folder this process can write, or to False",
+                stacklevel=3,
+            )
+            return False
+        return True
+
     def read(self, key: str) -> tuple[dict[str, Any], bytes] | None:
         """Entry ``key``'s header and payload; None when there is none. A damaged one is refused with a warning
         (once per process) naming the file, and None is answered: the caller compiles and writes it again."""

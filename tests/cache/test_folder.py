@@ -55,3 +55,21 @@ def test_entries_are_listed_checked_and_removed(tmp_path):
     assert folder.clear() == (2, listed["a"].size + listed["b"].size + len(b"left by a crash"))
     assert [p.name for p in (folder.root / "entries").iterdir()] == ["notes.txt"]
     assert folder.read("a") is None
+
+
+def test_a_folder_that_cannot_be_written_is_warned_of_once_and_the_compile_goes_on(tmp_path):
+    from airgraph.log import forget_warnings
+
+    (tmp_path / "a-file").write_text("not a folder")
+    folder = CacheFolder(tmp_path / "a-file" / "cache")
+    forget_warnings()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert folder.store("k1", b"payload", {}) is False
+        assert folder.store("k2", b"payload", {}) is False
+    messages = [str(w.message) for w in caught]
+    assert len(messages) == 1 and "a-file/cache cannot be written" in messages[0]
+    assert "set config.compile_cache to a folder this process can write, or to False" in messages[0]
+    writable = CacheFolder(tmp_path / "cache")
+    assert writable.store("k1", b"payload", {"model": "M.forward"}) is True
+    assert writable.read("k1")[1] == b"payload"
