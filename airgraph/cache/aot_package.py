@@ -88,7 +88,6 @@ def cache_compile(model: nn.Module | Callable[..., Any], *, config: CompilerConf
 class _Loaded:
     """One input signature's compiled program in this process."""
 
-    key: str
     run: Callable[[list[Any]], Any] | None  # the call's pytree leaves -> its output; None: through torch.compile
     source: str  # "loaded", "compiled" or "torch.compile"
 
@@ -134,13 +133,13 @@ class CacheCompiled:
 
     def _prepare(self, names, state, args, kwargs, spec, signature) -> _Loaded:
         if self.folder is None:
-            return _Loaded("", None, "torch.compile")
+            return _Loaded(None, "torch.compile")
         _register_output_types(self.module)
         key = self._key(signature)
         entry = self.folder.read(key)
         if entry is not None:
             try:
-                return _Loaded(key, _load(entry[1], _device_index(state, args, kwargs)), "loaded")
+                return _Loaded(_load(entry[1], _device_index(state, args, kwargs)), "loaded")
             except (RuntimeError, TypeError, ValueError) as exc:
                 self.folder.refuse(key, f"its package does not load ({type(exc).__name__}: {exc})")
         return self._compile(key, names, state, args, kwargs)
@@ -156,7 +155,7 @@ class CacheCompiled:
                 f"airgraph.cache_compile: {type(self.module).__name__}.{self.method} cannot be exported ({exc}); it "
                 "runs through torch.compile with the airgraph backend instead (its compile cache still applies)",
             )
-            return _Loaded(key, None, "torch.compile")
+            return _Loaded(None, "torch.compile")
         info = {
             "kind": KIND,
             "model": f"{type(self.module).__qualname__}.{self.method}",
@@ -168,7 +167,7 @@ class CacheCompiled:
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         }
         self.folder.store(key, payload, info)
-        return _Loaded(key, _load(payload, _device_index(state, args, kwargs)), "compiled")
+        return _Loaded(_load(payload, _device_index(state, args, kwargs)), "compiled")
 
     def _compiled_fallback(self) -> Callable[..., Any]:
         if self._fallback is None:
@@ -210,7 +209,7 @@ def _state(module: nn.Module) -> tuple[list[str], list[torch.Tensor]]:
 
 def _leaf_key(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
-        return (tuple(value.shape), value.stride(), str(value.dtype), str(value.device), value.is_contiguous())
+        return (tuple(value.shape), value.stride(), str(value.dtype), str(value.device))
     if value is None or isinstance(value, (bool, int, float, str)):
         return (type(value).__name__, value)
     raise TypeError(
