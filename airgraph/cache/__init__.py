@@ -14,5 +14,7 @@ with other shapes or dtypes makes Dynamo trace again, and that graph has a key o
 what each layer saves: docs/design/warm-start.md; the user's view: docs/compile-cache.md.
 
 Modules: compile_cache.py (the backend's CompileCache), keys.py, graph.py, folder.py (the files; no torch),
-isa.py. Importing the package imports nothing (``airgraph cache`` lists without torch).
+isa.py; aot_package.py (``airgraph.cache_compile``: an AOTInductor package per input signature, loaded in later
+processes without Dynamo) and aot_build.py (its export and compile). Importing the package imports nothing
+(``airgraph cache`` lists without torch).
 """

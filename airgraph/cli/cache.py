@@ -31,8 +31,9 @@ def add_parsers(sub: Any, docs: dict[str, str]) -> None:
     cache = sub.add_parser(
         "cache",
         help="list or clear the compile cache (config.compile_cache)",
-        description="The compile cache keeps what each process compiled, per Dynamo graph, for the next process "
-        "with the same model code, config, torch, airgraph and machine. `list` shows its entries, `clear` removes "
+        description="The compile cache keeps what each process compiled, per Dynamo graph (and per input signature "
+        "of an airgraph.cache_compile model), for the next process with the same model code, config, torch, "
+        "airgraph and machine. `list` shows its entries, `clear` removes "
         "them. Default folder: config.compile_cache ($AIRGRAPH_CACHE_DIR, else the user cache's "
         "airgraph/compile-cache).",
     )
