@@ -93,6 +93,7 @@ def _cases() -> list:
     return cases
 
 
+@pytest.mark.slow  # Inductor compiles: about two minutes for every page on the 2-core machine
 @pytest.mark.parametrize(("page", "lane"), _cases())
 def test_a_pages_python_blocks_run_as_written(page: Path, lane: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.chdir(tmp_path)
