@@ -378,7 +378,9 @@ class CompilerConfig(OptionGroup):
 
     mode = Option(
         "max-autotune",
-        "Execution mode: compiled segments run in order, or captured and replayed as CUDA graphs.",
+        "Execution mode, by TorchAir's names: max-autotune (graph mode) runs the compiled segments in order, "
+        "reduce-overhead also captures the graph and replays it as CUDA graphs. max-autotune does no autotuning of "
+        "its own, unlike torch.compile's mode of that name: tuning is airgraph.tune.",
         choices=("max-autotune", "reduce-overhead"),
         env="AIRGRAPH_MODE",
     )
