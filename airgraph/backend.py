@@ -95,7 +95,7 @@ class AirgraphBackend:
             self.tuner = Tuner(self.config)
         # Told of each new input-shape key of each compiled graph (static kernels record shapes there).
         self.shape_observers: list[Callable[[GraphReport, list[Segment]], ShapeKeyObserver | None]] = []
-        if self.config.static_kernels.enabled:  # seed 000: airgraph/kernels
+        if self.config.static_kernels.enabled:  # static kernels: airgraph/kernels
             from airgraph.kernels.static import StaticKernels
 
             self.static_kernels = StaticKernels(self.config)

@@ -179,8 +179,9 @@ class ExportConfig(OptionGroup):
 
 
 class StaticKernelsConfig(OptionGroup):
-    """Static kernels (seed 000, airgraph/kernels): record the input shapes each compute segment runs with, build a
-    shape-specialized kernel per shape, ship them as packages installed into a kernel library, and run them."""
+    """Static kernels (TorchAir's _aclnn_static_shape_kernel, airgraph/kernels): record the input shapes each compute
+    segment runs with, build a shape-specialized kernel per shape, ship them as packages installed into a kernel
+    library, and run them."""
 
     enabled = Option(
         False,
@@ -266,7 +267,7 @@ def _positive_float(value: float) -> str | None:
 
 
 class TuningConfig(OptionGroup):
-    """Operator (OPAT) and subgraph (SGAT) tuning with a persistent bank (airgraph/tuning, seed 002: AOE)."""
+    """Operator (OPAT) and subgraph (SGAT) tuning with a persistent bank (AOE's, airgraph/tuning)."""
 
     mode = Option(
         None,
@@ -360,7 +361,7 @@ class TuningConfig(OptionGroup):
 
 
 def torchair_tuning_environment() -> dict[str, Any]:
-    """The seed's (AOE's) environment variables, for ``airgraph.compat.torchair``'s backend: ``AOE_MODE`` ("1"
+    """AOE's environment variables, for ``airgraph.compat.torchair``'s backend: ``AOE_MODE`` ("1"
     subgraph, "2" op), ``TUNE_BANK_PATH``, ``REPEAT_TUNE`` and ``ASCEND_WORK_PATH`` (where reports go), as
     ``config.tuning`` option names -> values, for the ones that are set."""
     found: dict[str, Any] = {}

@@ -10,7 +10,7 @@ Ordering differs between the two, on purpose. Compiled, the executor orders stre
 on another stream than the one that made it is waited for, and the caller's stream joins every side stream
 before the graph returns, so results never depend on timing. Eager code gets exactly what it wrote, as with
 ``torch.cuda.stream``: after a scope, the caller's stream does not wait for the side stream; use tagged
-events (``tagged_event_record`` / ``tagged_event_wait``), as the seed example does, or
+events (``tagged_event_record`` / ``tagged_event_wait``), as TorchAir's multi-stream example does, or
 ``torch.cuda.current_stream().wait_stream(...)`` before reading a side stream's results.
 """
 

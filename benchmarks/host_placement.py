@@ -1,11 +1,11 @@
-"""Host placement benchmark (issue #4, seed 003): GPU only.
+"""Host placement benchmark (issue #4, GE's small-shape host placement): GPU only.
 
 1. **fragment**: GE's Shape -> Gather -> Concat -> Reshape fragment as PyTorch code writes it (the shape as a
    tensor, gathered, concatenated with the remaining size, read back with ``.tolist()`` for a reshape). All on
    the device (host placement off) it is two blocking copies, kernels and two device-to-host syncs; placed, host
    arithmetic. Measured per call: "idle" (GPU idle, call + synchronize) and "busy" (a matmul queued just
    before, as inside a model step; the host time of the call, which a sync makes wait for the queue: the
-   seed's 3 ms -> 10 us). Target: all-on-device / placed >= 10x (busy).
+   GE example's 3 ms -> 10 us). Target: all-on-device / placed >= 10x (busy).
 2. **decode**: an HF-style decode step with dynamic shapes (the per-step bookkeeping of HF transformers'
    LlamaModel with a static cache: cache_position from the past length, position_ids, rotary cos/sin from
    position_ids, the 4D causal + padding mask, the next position read back as an int). Host placement off

@@ -20,7 +20,7 @@ def add_parsers(sub: Any, docs: dict[str, str]) -> None:
         help="tune a model's operators (op) or segments (subgraph) into the tuning bank",
         description="Compile TARGET with airgraph, run it once and tune it: every tunable operator (--mode op, AOE's "
         "OPAT) or every segment (--mode subgraph, SGAT) is measured against its candidates, the winners go into "
-        "the bank, later compiles use them. Writes the seed-format report (aoe_result_opat_*.json or "
+        "the bank, later compiles use them. Writes AOE's result files (aoe_result_opat_*.json or "
         "aoe_result_sgat_*.json) into --work-path. TARGET is 'tiny-llama', a .py file or package.module[:attr] "
         f"defining `{EXAMPLE_SIGNATURE}`; it runs under torch.no_grad.",
     )

@@ -21,7 +21,7 @@ config.aoe_config.aoe_config_file = "ops.json"        # only these ops: {"tune_o
 tng.inference.set_dim_gears(x, dim_gears={0: [2, 4, 8]})  # config.reduce_overhead.capture_sizes and capture_dim
 config.debug.aclgraph.static_capture_size_limit = 64       # config.reduce_overhead.capture_limit
 
-The seed's environment variables ``AOE_MODE``, ``TUNE_BANK_PATH``, ``REPEAT_TUNE`` and ``ASCEND_WORK_PATH`` set
+AOE's environment variables ``AOE_MODE``, ``TUNE_BANK_PATH``, ``REPEAT_TUNE`` and ``ASCEND_WORK_PATH`` set
 the tuning options ``get_npu_backend`` leaves at their defaults (read in airgraph/config.py).
 """
 
@@ -319,7 +319,7 @@ def _dim_gears(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> tuple[int
 
 
 def get_npu_backend(*, compiler_config: _CompilerConfig | None = None) -> AirgraphBackend:
-    """TorchAir's ``get_npu_backend``: the airgraph backend for CUDA (or the CPU). The seed's environment variables
+    """TorchAir's ``get_npu_backend``: the airgraph backend for CUDA (or the CPU). AOE's environment variables
     (``AOE_MODE``, ``TUNE_BANK_PATH``, ``REPEAT_TUNE``, ``ASCEND_WORK_PATH``) fill the tuning options the config
     leaves at their defaults."""
     config = copy.deepcopy(compiler_config) if compiler_config is not None else CompilerConfig()

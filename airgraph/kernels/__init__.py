@@ -1,11 +1,11 @@
-"""Static kernels (seed 000, TorchAir's ``_aclnn_static_shape_kernel``): record the shapes a model really runs, build
+"""Static kernels (TorchAir's ``_aclnn_static_shape_kernel``): record the shapes a model really runs, build
 a shape-specialized kernel for each, ship them as a package, install it into a kernel library, run them.
 
 The flow, in the order the data goes:
 
 - ``static.py``: ``StaticKernels``, made by the backend when ``config.static_kernels.enabled``: the seam's
   static_kernels step, a shape observer per compiled graph, the builder and the loader;
-- ``records.py``: every operator at each new shape key, as JSON in the seed's layout (``static_kernel_outputs/``);
+- ``records.py``: every operator at each new shape key, as JSON in TorchAir's layout (``static_kernel_outputs/``);
 - ``shapes.py``: the concrete sizes of a dynamic-shape graph for one call (symbols bound from its arguments);
 - ``build.py``: one segment compiled for one shape key by Inductor, as an AOTInductor package;
 - ``package.py``: a package, one zip file of kernels with its manifest (keys, digests, versions, device) last;

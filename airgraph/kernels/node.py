@@ -1,6 +1,6 @@
-"""Several processes on one node sharing a build folder (the seed's multi-card case).
+"""Several processes on one node sharing a build folder (TorchAir's multi-card case).
 
-The seed requires ``LOCAL_WORLD_SIZE`` whenever several processes (cards) of a node use static kernels, and the
+TorchAir requires ``LOCAL_WORLD_SIZE`` whenever several processes (cards) of a node use static kernels, and the
 same value in each: installing packages updates files they all read. airgraph's library is safe to share without
 it (locks, atomic renames), but the rule stays: a process that ``LOCAL_RANK`` or ``WORLD_SIZE`` (or
 ``LOCAL_WORLD_SIZE`` itself) says is one of several must have ``LOCAL_WORLD_SIZE``, and every live process

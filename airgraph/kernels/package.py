@@ -1,4 +1,4 @@
-"""A kernel package: one file holding static kernels and the manifest that says what they are (the seed's ``.run``).
+"""A kernel package: one file holding static kernels and the manifest that says what they are (TorchAir's ``.run``).
 
 A package is a zip archive::
 

@@ -1,4 +1,4 @@
-"""Shape records: what ran, at which shapes, in the seed's layout (TorchAir's ``aclnn_static_shape_kernel_outputs``).
+"""Shape records: what ran, at which shapes, in TorchAir's layout (TorchAir's ``aclnn_static_shape_kernel_outputs``).
 
 ::
 
@@ -14,7 +14,7 @@ A file is named ``<op>_<dtype>_<layout>_<dims>_<index>.json``, from its first te
 strided), sizes, and an index telling apart records that share the rest of the name. It holds the operator
 (``aten.mm.default``), its inputs and outputs (dtype, shape, stride, layout, device), its arguments (tensors as
 ``{"input": i}``), ``count`` (how often it ran with these shapes in the recorded runs: the first run of each new
-shape key, as the seed records one run per shape), and for covered operators the segment and its graph key.
+shape key, as TorchAir records one run per shape), and for covered operators the segment and its graph key.
 
 Records are statistics, written when a shape key is first seen: atomically (a crashed process leaves complete files
 only) but without a flush to disk each (airgraph/store.py ``durable=False``), as a graph writes hundreds.

@@ -18,7 +18,7 @@
 - the warm start (:meth:`warm_start`, kernels/warm.py): asked by the backend before AOTAutograd whether the
   installed kernels can run a Dynamo graph as it is; the building process records which graphs can.
 
-A segment is covered unless its graph is a training graph (forward or backward: the seed's feature is for
+A segment is covered unless its graph is a training graph (forward or backward: TorchAir's feature is for
 inference), a value in it has a data-dependent size, an output is a view of an input (a separately compiled
 kernel would return a copy), or it holds no operator with a kernel of its own.
 """

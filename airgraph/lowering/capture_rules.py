@@ -18,8 +18,8 @@ or, where it cannot be imported, :func:`_torch_rule_fallback`, which reads the s
 - control flow (``torch.cond``, ``while_loop``, ``scan``, ...): the branch or trip count is a device value;
 - copies of a device value to the host;
 - ``_assert_scalar`` (in Inductor's list) is allowed where it checks values the shape key fixes (sizes, and
-  host work computed once per key: the seed-003 fragment's reshape): the recording checks it once for the key,
-  which is all it needs. It is refused where it checks anything else.
+  host work computed once per key: the reshape of GE's host-placement example): the recording checks it once for
+  the key, which is all it needs. It is refused where it checks anything else.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""host_placement: keep tiny shape arithmetic on the CPU (GE's small-shape host placement, seed 003).
+"""host_placement: keep tiny shape arithmetic on the CPU (GE's small-shape host placement).
 
 A tiny op on a GPU costs a kernel launch, and a device-to-host sync when the host needs its result. This pass
 marks such ops ``node.meta[PLACEMENT] = "host"``; the partitioner puts them in host segments, which run as direct
