@@ -130,5 +130,5 @@ def test_fences_that_would_hide_a_block_are_refused(tmp_path: Path):
     with pytest.raises(ValueError, match="write the fence as ```python"):
         blocks(page)
     page.write_text("```python\nx = 1\n")
-    with pytest.raises(ValueError, match="page.md:1: a fence is never closed"):
+    with pytest.raises(ValueError, match=r"page\.md:1: a fence is never closed"):
         blocks(page)
