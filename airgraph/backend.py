@@ -40,6 +40,7 @@ from airgraph.graph.program import HostProgram, Segment
 from airgraph.log import warn_once
 from airgraph.lowering import aot, inductor_passes
 from airgraph.lowering.capture_plan import CapturePlan, plan_capture
+from airgraph.lowering.decompositions import without_kept
 from airgraph.lowering.freeze import Parameter, freeze_parameters, parameter_inputs
 from airgraph.lowering.host_split import split_host_work
 from airgraph.lowering.layouts import Layouts
@@ -158,6 +159,7 @@ class AirgraphBackend:
             # "fast random" decompositions, which draw other numbers than eager.
             with inductor_config.patch(fallback_random=True):
                 decompositions = select_decomp_table()
+            decompositions = without_kept(decompositions, self.config)  # config.fallback.keep_ops
             # Inductor's graph passes where torch.compile runs them (lowering/inductor_passes.py): pre-grad on
             # the Dynamo graph; joint-graph passes before the partitioner (and on inference graphs, compile_graph)
             gm = inductor_passes.pre_grad_passes(gm, example_inputs)

@@ -9,7 +9,9 @@ Options live in nested groups, in the spirit of TorchAir's ``CompilerConfig``::
 
 Every assignment is validated: a bad value raises ``ValueError`` naming the option, the value and what is
 allowed; an unknown option raises ``AttributeError`` suggesting the nearest name. This module is also the
-only place that reads environment variables. How an option is declared, validated and grouped (``Option``,
+only place that reads environment variables. A config is also a JSON file (``to_file``/``from_file``, and
+``AIRGRAPH_CONFIG=PATH``): JSON because the standard library both reads and writes it (``tomllib`` only reads)
+and it holds None, which TOML cannot. How an option is declared, validated and grouped (``Option``,
 ``OptionGroup``) is airgraph/options.py's; this file is the one to read for what can be set.
 """
 
@@ -96,6 +98,36 @@ class PassesConfig(OptionGroup):
         True,
         "Matmuls of one input by constant weights (q/k/v, gate/up projections; with frozen_parameters) become one "
         "matmul over the weights concatenated, then split.",
+    )
+    fallback = Option(
+        True,
+        "Mark the nodes config.fallback names (aten_nodes, keep_ops) so they run as eager would: their own "
+        "segments, through the aten kernel backend (chosen_by 'compare').",
+    )
+
+
+class FallbackConfig(OptionGroup):
+    """Nodes that run as eager would, as ``airgraph.compare``'s ``report.fallback()`` writes them (airgraph/precision
+    /fallback.py); the passes.fallback pass marks them and the seam runs them (chosen_by "compare")."""
+
+    aten_nodes = Option(
+        (),
+        "ATen nodes (their names in the graph after the passes, 'addmm_1'; 'forward:addmm_1' for one graph kind) "
+        "that run through the aten kernel backend, not the configured one.",
+        types=tuple,
+        normalize=lambda value: _op_list(value) or (),
+        allowed="a list of node names (str) or a comma-separated str",
+        env="AIRGRAPH_FALLBACK_ATEN_NODES",
+    )
+    keep_ops = Option(
+        (),
+        "ATen ops ('aten.silu' or 'aten.silu.default') not decomposed before the kernels: each node of them keeps "
+        "the op and runs it through the aten kernel backend, as eager does.",
+        types=tuple,
+        normalize=lambda value: _op_list(value) or (),
+        check=lambda value: next((f"{v!r} is not an aten op name" for v in value if not v.startswith("aten.")), None),
+        allowed="a list of 'aten.NAME' or 'aten.NAME.OVERLOAD' (str) or a comma-separated str",
+        env="AIRGRAPH_FALLBACK_KEEP_OPS",
     )
 
 
@@ -417,9 +449,14 @@ class CompilerConfig(OptionGroup):
     )
     static_kernels = StaticKernelsConfig
     tuning = TuningConfig
+    fallback = FallbackConfig
 
     def __init__(self, path: str | None = None) -> None:
+        """The defaults, then the options' environment variables, then the JSON file ``AIRGRAPH_CONFIG`` names
+        (``to_file``'s form; its options win over the variables)."""
         super().__init__(path, os.environ)
+        if path is None and os.environ.get("AIRGRAPH_CONFIG"):
+            self.load_file(os.environ["AIRGRAPH_CONFIG"])
 
     def resolved_cache_dir(self) -> str | None:
         """The compile cache's folder: ``compile_cache`` when it is a path, ``$AIRGRAPH_CACHE_DIR`` or the user

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import copy
 import difflib
+import json
+import os
 from collections.abc import Callable, Iterator, Mapping
 from types import MappingProxyType
 from typing import Any
@@ -114,6 +116,14 @@ class Option:
         return copy.deepcopy(self.default)
 
 
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
 def truthy(raw: str) -> bool:
     """An environment variable's boolean: 1, true, yes or on (any case)."""
     return raw.strip().lower() in ("1", "true", "yes", "on")
@@ -181,6 +191,48 @@ class OptionGroup:
     def as_dict(self) -> dict[str, Any]:
         """All options as a nested plain dict (groups become dicts)."""
         return {name: value.as_dict() if isinstance(value, OptionGroup) else value for name, value in self}
+
+    def to_dict(self) -> dict[str, Any]:
+        """All options as a nested dict of JSON values (tuples become lists): what :meth:`to_file` writes."""
+        return _plain(self.as_dict())
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> OptionGroup:
+        """A new group (its defaults and environment as ``cls()`` gives them) with ``values`` set over them, each
+        validated as an assignment is."""
+        group = cls()
+        group.update(values)
+        return group
+
+    def to_file(self, path: str | os.PathLike[str]) -> None:
+        """Write :meth:`to_dict` as a JSON file, atomically (a reader never sees half of it)."""
+        from airgraph.store import write_text_atomic
+
+        write_text_atomic(path, json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n", durable=False)
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str]) -> OptionGroup:
+        """A new group with a JSON file's options set over its defaults (see :meth:`load_file`)."""
+        group = cls()
+        group.load_file(path)
+        return group
+
+    def load_file(self, path: str | os.PathLike[str]) -> None:
+        """Set the options a JSON file (as :meth:`to_file` writes) names; an unreadable file, a wrong value or an
+        unknown key raises ``ValueError`` naming the file, the key and the allowed values or known keys."""
+        try:
+            with open(path, encoding="utf-8") as f:
+                values = json.load(f)
+        except OSError as exc:
+            raise ValueError(f"config file {os.fspath(path)}: cannot be read ({exc.strerror or exc})") from None
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"config file {os.fspath(path)}: not JSON ({exc})") from None
+        if not isinstance(values, dict):
+            raise ValueError(f"config file {os.fspath(path)}: expected a JSON object of options, not {values!r}")
+        try:
+            self.update(values)
+        except (AttributeError, ValueError) as exc:
+            raise ValueError(f"config file {os.fspath(path)}: {exc}") from None
 
     def update(self, values: dict[str, Any]) -> None:
         """Set options from a nested dict, validating each one (the inverse of ``as_dict``)."""

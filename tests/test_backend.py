@@ -242,6 +242,7 @@ def test_graph_dump_writes_one_file_per_pass(tmp_path):
         "03_host_placement.txt",
         "04_remove_noops.txt",
         "05_dead_code_elimination.txt",
+        "06_fallback.txt",
     ]
     before = (folder / "00_input.txt").read_text()
     after = (folder / "04_remove_noops.txt").read_text()

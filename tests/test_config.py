@@ -20,7 +20,9 @@ def test_defaults_and_readable_forms():
         "host_placement": True,
         "dead_code_elimination": True,
         "remove_noops": True,
+        "fallback": True,
     }
+    assert as_dict["fallback"] == {"aten_nodes": (), "keep_ops": ()}
     assert config.frozen_parameters is False
     assert as_dict["export"]["experimental"]["enable_record_nn_module_stack"] is False
     text = repr(config)
@@ -239,4 +241,71 @@ def test_static_kernel_options_defaults_validation_and_environment(monkeypatch):
     )
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "four")
     with pytest.raises(ValueError, match=r"environment variable LOCAL_WORLD_SIZE='four' is not an integer"):
+        CompilerConfig()
+
+
+def test_config_file_round_trip(tmp_path):
+    config = CompilerConfig()
+    config.mode = "reduce-overhead"
+    config.reduce_overhead.capture_sizes = [4, 1, 2]
+    config.reduce_overhead.pad_values = {"attention_mask": 1}
+    config.tuning.ops = ["addmm", "bmm"]
+    config.fallback.keep_ops = ["aten.silu"]
+    config.fallback.aten_nodes = "forward:addmm_1, mm"
+    config.static_kernels.build_dir = None
+    path = tmp_path / "airgraph.json"
+    config.to_file(path)
+    import json
+
+    stored = json.loads(path.read_text())
+    assert stored["reduce_overhead"]["capture_sizes"] == [1, 2, 4]
+    assert stored["fallback"] == {"aten_nodes": ["forward:addmm_1", "mm"], "keep_ops": ["aten.silu"]}
+    loaded = CompilerConfig.from_file(path)
+    assert loaded == config and loaded.fallback.aten_nodes == ("forward:addmm_1", "mm")
+    assert CompilerConfig.from_dict(config.to_dict()) == config
+    partial = tmp_path / "partial.json"
+    partial.write_text('{"passes": {"concat_linear": false}}')
+    only = CompilerConfig.from_file(partial)
+    assert only.passes.concat_linear is False and only.mode == "max-autotune"
+
+
+@pytest.mark.parametrize(
+    "text, pattern",
+    [
+        ('{"mode": "warp"}', r"bad\.json: CompilerConfig\.mode: invalid value 'warp'; allowed values: 'max-autotune'"),
+        (
+            '{"passes": {"concat_lnear": false}}',
+            r"bad\.json: CompilerConfig\.passes has no option 'concat_lnear'; "
+            r"did you mean 'concat_linear'",
+        ),
+        (
+            '{"fallback": {"keep_ops": ["silu"]}}',
+            r"bad\.json: CompilerConfig\.fallback\.keep_ops: .*'silu' is not an "
+            r"aten op name.*allowed values: a list of 'aten\.NAME'",
+        ),
+        ('{"passes": true}', r"bad\.json: CompilerConfig\.passes is an option group; give it a dict"),
+        ("[1, 2]", r"bad\.json: expected a JSON object of options"),
+        ("{mode: 1", r"bad\.json: not JSON"),
+    ],
+)
+def test_bad_config_file_is_refused_naming_file_key_and_allowed(tmp_path, text, pattern):
+    path = tmp_path / "bad.json"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=pattern):
+        CompilerConfig.from_file(path)
+    with pytest.raises(ValueError, match=r"missing\.json: cannot be read"):
+        CompilerConfig.from_file(tmp_path / "missing.json")
+
+
+def test_airgraph_config_names_a_file_read_over_the_variables(tmp_path, monkeypatch):
+    path = tmp_path / "airgraph.json"
+    path.write_text('{"mode": "reduce-overhead", "fallback": {"keep_ops": "aten.silu,aten.gelu"}}')
+    monkeypatch.setenv("AIRGRAPH_MODE", "max-autotune")
+    monkeypatch.setenv("AIRGRAPH_RUN_EAGERLY", "1")
+    monkeypatch.setenv("AIRGRAPH_CONFIG", str(path))
+    config = CompilerConfig()
+    assert config.mode == "reduce-overhead" and config.debug.run_eagerly is True
+    assert config.fallback.keep_ops == ("aten.silu", "aten.gelu")
+    path.write_text('{"mode": 3}')
+    with pytest.raises(ValueError, match=r"airgraph\.json: CompilerConfig\.mode: invalid value 3"):
         CompilerConfig()

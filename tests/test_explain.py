@@ -28,6 +28,7 @@ def test_explain_report_has_the_documented_shape():
         "host_placement",
         "remove_noops",
         "dead_code_elimination",
+        "fallback",
     ]
     targets = [n["target"] for n in graph["nodes"]]
     assert "aten.relu.default" in targets and targets[-1] == "output"

@@ -6,7 +6,9 @@
 - the global state Dynamo guards (its ``GlobalStateGuard``: grad mode, the default dtype, autocast, deterministic
   algorithms, TF32, the thread count, ...) and the float32 matmul precision: the traced graph bakes them in;
 - the configuration: every option but ``compile_cache`` itself; Inductor's and AOTAutograd's own configurations
-  (their hashes: a user's ``torch._inductor.config`` patch changes the graphs);
+  (their hashes: a user's ``torch._inductor.config`` patch changes the graphs); the decomposition tables AOTAutograd
+  and Inductor apply, each entry by its op and its function's code (a decomposition replaced at runtime, as
+  ``airgraph.compare``'s tests plant one, changes the graphs too);
 - the software: torch (version and commit), Python, airgraph;
 - the machine (airgraph/machine.py): the CPU's model, vector ISA and flags; a GPU's name and compute capability.
 
@@ -54,6 +56,7 @@ def key_facts(
         "matmul_precision": torch.get_float32_matmul_precision(),
         "config": options,
         "torch_configs": _torch_config_hashes(),
+        "decompositions": decomposition_digest(),
         "torch": facts.torch,
         "torch_git": facts.git,
         "python": facts.python_version,
@@ -105,6 +108,32 @@ def _global_state() -> Any:
             "deterministic": torch.are_deterministic_algorithms_enabled(),
             "threads": torch.get_num_threads(),
         }
+
+
+def decomposition_digest() -> str:
+    """A digest of torch's and Inductor's decomposition tables: each op with its function's module, name and code
+    (bytecode, constants, and those of the functions it nests), so replacing or adding an entry changes it."""
+    from torch._decomp import decomposition_table
+    from torch._inductor.decomposition import decompositions
+
+    digest = hashlib.sha256()
+    for name, table in (("torch", decomposition_table), ("inductor", decompositions)):
+        digest.update(name.encode())
+        for op, fn in sorted(table.items(), key=lambda item: str(item[0])):
+            digest.update(f"{op}={getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', fn)!r}".encode())
+            _code_bytes(digest, getattr(getattr(fn, "__wrapped__", fn), "__code__", None))
+    return digest.hexdigest()
+
+
+def _code_bytes(digest: Any, code: Any) -> None:
+    if code is None:
+        return
+    digest.update(code.co_code)
+    for const in code.co_consts:
+        if hasattr(const, "co_code"):
+            _code_bytes(digest, const)
+        else:
+            digest.update(repr(const).encode())
 
 
 def _torch_config_hashes() -> dict[str, str]:

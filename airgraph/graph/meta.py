@@ -4,6 +4,8 @@
 - ``node.meta["placement"]``: ``HOST`` when host placement moved the node to the CPU, else absent (``DEVICE``).
 - ``node.meta["host_placement"]``: why a host node is there: ``ANCHOR`` (a value already on the host),
   ``MOVED`` (moved by the pass) or ``H2D`` (the copy to the device the pass inserted).
+- ``node.meta["fallback"]``: ``COMPARE`` when config.fallback names the node (passes/fallback.py): it runs as eager
+  would, in a segment of its own kind, through the aten kernel backend.
 - ``node.meta["segment"]``: the id of the segment the partitioner put the node in.
 
 And one mark on tensors: :func:`mark_frozen` on a constant made of frozen parameters (lowering/freeze.py,
@@ -18,7 +20,9 @@ from torch.utils._pytree import tree_leaves
 
 __all__ = [
     "ANCHOR",
+    "COMPARE",
     "DEVICE",
+    "FALLBACK",
     "H2D",
     "HOST",
     "HOST_PLACEMENT",
@@ -39,6 +43,7 @@ __all__ = [
 STREAM, PLACEMENT, HOST_PLACEMENT, SEGMENT = "stream", "placement", "host_placement", "segment"
 HOST, DEVICE = "host", "device"  # placements
 ANCHOR, MOVED, H2D = "anchor", "moved", "h2d"  # why a node is on the host
+FALLBACK, COMPARE = "fallback", "compare"  # a node config.fallback names, and the seam's step that runs it
 
 aten, prims = torch.ops.aten, torch.ops.prims
 

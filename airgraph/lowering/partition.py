@@ -1,4 +1,7 @@
-"""Partition an ATen graph into segments: maximal runs of nodes that share (placement, stream).
+"""Partition an ATen graph into segments: maximal runs of nodes that share (placement, stream, fallback).
+
+A node config.fallback names (``node.meta["fallback"]``, passes/fallback.py) never shares a segment with one it
+does not name, so the seam can run it through the aten kernel backend alone.
 
 Each segment becomes a standalone ``GraphModule`` whose placeholders are the values it reads from outside
 (graph inputs or other segments' results) and whose output is the tuple of values it produces for later
@@ -12,7 +15,7 @@ import operator
 import torch
 
 from airgraph.graph.analysis import written_inputs
-from airgraph.graph.meta import SEGMENT, STREAM, placement
+from airgraph.graph.meta import FALLBACK, SEGMENT, STREAM, placement
 from airgraph.graph.program import Segment
 from airgraph.ops import EVENT_RECORD, EVENT_WAIT, RECORD_STREAM
 
@@ -23,6 +26,10 @@ SYNC_OPS = frozenset({EVENT_RECORD, EVENT_WAIT, RECORD_STREAM})
 
 def segment_key(node: torch.fx.Node) -> tuple[str, str | None]:
     return placement(node), node.meta.get(STREAM)
+
+
+def _fallback(segment: Segment) -> str | None:
+    return segment.nodes[-1].meta.get(FALLBACK) if segment.nodes else None
 
 
 def partition(gm: torch.fx.GraphModule, *, streams: bool = True) -> list[Segment]:
@@ -53,7 +60,8 @@ def partition(gm: torch.fx.GraphModule, *, streams: bool = True) -> list[Segment
             node.meta[SEGMENT] = segments[-1].id
             continue
         last = segments[-1] if segments else None
-        if last is None or last.sync or (last.placement, last.stream) != key:
+        fallback = node.meta.get(FALLBACK)
+        if last is None or last.sync or (last.placement, last.stream) != key or _fallback(last) != fallback:
             segments.append(Segment(id=len(segments), placement=key[0], stream=key[1], nodes=[]))
         segments[-1].nodes.append(node)
         node.meta[SEGMENT] = segments[-1].id

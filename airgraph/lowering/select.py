@@ -5,12 +5,14 @@
 1. ``debug``: ``config.debug.run_eagerly`` runs every segment through the interpreter, for bisecting;
 2. ``host``: host segments (host placement put their ops on the CPU) run as direct ATen calls: Inductor's
    win is fusion on the device, and these are a few tiny ops;
-3. ``static_kernels``: the kernel library has prebuilt kernels for this segment (airgraph/kernels);
-4. ``tuning``: the tuning bank has a measured choice for this segment (airgraph/tuning);
-5. ``config``: ``config.kernel_backend``.
+3. ``compare``: segments of nodes config.fallback names (``airgraph.compare``'s fix, passes/fallback.py) run as
+   direct ATen calls, as eager runs them;
+4. ``static_kernels``: the kernel library has prebuilt kernels for this segment (airgraph/kernels);
+5. ``tuning``: the tuning bank has a measured choice for this segment (airgraph/tuning);
+6. ``config``: ``config.kernel_backend``.
 
 The answer is an :class:`Impl`: the kernel backend's name (lowering/backends.py), its parameters, and who chose
-it (``chosen_by``, one of :data:`CHOSEN_BY`), which every segment report carries. Steps 3 and 4 ask the
+it (``chosen_by``, one of :data:`CHOSEN_BY`), which every segment report carries. Steps 4 and 5 ask the
 stores the backend was given (``GraphRequest.static_kernels``, ``GraphRequest.tuning``); with none they answer no.
 """
 
@@ -20,7 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from airgraph.graph.meta import HOST
+from airgraph.graph.meta import COMPARE, FALLBACK, HOST
 
 if TYPE_CHECKING:
     import torch
@@ -30,7 +32,7 @@ if TYPE_CHECKING:
 
 __all__ = ["CHOSEN_BY", "STEPS", "GraphRequest", "Impl", "ImplSource", "choose"]
 
-CHOSEN_BY = ("debug", "host", "static_kernels", "tuning", "config")
+CHOSEN_BY = ("debug", "host", "compare", "static_kernels", "tuning", "config")
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,11 @@ def _host(segment: Segment, request: GraphRequest) -> Impl | None:
     return Impl("aten", "host") if segment.placement == HOST else None
 
 
+def _compare(segment: Segment, request: GraphRequest) -> Impl | None:
+    named = bool(segment.nodes) and all(node.meta.get(FALLBACK) == COMPARE for node in segment.nodes)
+    return Impl("aten", "compare") if named else None
+
+
 def _static_kernels(segment: Segment, request: GraphRequest) -> Impl | None:
     return request.static_kernels.lookup(segment, request) if request.static_kernels is not None else None
 
@@ -84,6 +91,7 @@ def _config(segment: Segment, request: GraphRequest) -> Impl | None:
 STEPS: list[tuple[str, Callable[[Segment, GraphRequest], Impl | None]]] = [
     ("debug", _debug),
     ("host", _host),
+    ("compare", _compare),
     ("static_kernels", _static_kernels),
     ("tuning", _tuning),
     ("config", _config),

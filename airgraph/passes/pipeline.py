@@ -11,6 +11,7 @@ import torch
 from airgraph.passes.base import CompileContext, PassResult
 from airgraph.passes.concat_linear import concat_linear
 from airgraph.passes.dce import dead_code_elimination
+from airgraph.passes.fallback import fallback
 from airgraph.passes.host_placement import host_placement
 from airgraph.passes.remove_noops import remove_noops
 from airgraph.passes.streams import streams
@@ -21,13 +22,14 @@ Pass = Callable[[torch.fx.GraphModule, CompileContext], PassResult]
 # Order matters: streams first (every later pass sees node.meta["stream"]); concat_linear next (its matmuls keep
 # their stream; the views it leaves unused DCE sweeps); host placement next (it turns device-to-host copies of
 # values now on the host into host copies, which no-op removal then drops); no-op removal leaves dead producers
-# behind that DCE then sweeps.
+# behind that DCE then sweeps; fallback last, so the nodes it marks are named as the partitioner sees them.
 PIPELINE: list[tuple[str, Pass]] = [
     ("streams", streams),
     ("concat_linear", concat_linear),
     ("host_placement", host_placement),
     ("remove_noops", remove_noops),
     ("dead_code_elimination", dead_code_elimination),
+    ("fallback", fallback),
 ]
 
 

@@ -41,8 +41,8 @@ class SegmentReport:
     placement: str
     backend: str  # the kernel backend running it ("sync": an event or stream op the executor performs)
     num_nodes: int
-    # Which step of the seam (lowering/select.py) chose the backend: "debug", "host", "static_kernels", "tuning"
-    # or "config"; None for sync segments. ``source``: what the deciding store knows it by (bank key, kernels).
+    # Which step of the seam (lowering/select.py) chose the backend: "debug", "host", "compare", "static_kernels",
+    # "tuning" or "config"; None for sync segments. ``source``: what the deciding store knows it by (bank key, kernels).
     chosen_by: str | None = None
     source: dict[str, Any] = field(default_factory=dict)
 

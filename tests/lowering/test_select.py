@@ -36,7 +36,11 @@ def compiled_with(config=None, *, static_kernels=None, tuning=None):
 
 
 def test_the_steps_are_in_the_documented_order():
-    assert [name for name, _ in STEPS] == list(CHOSEN_BY) == ["debug", "host", "static_kernels", "tuning", "config"]
+    assert (
+        [name for name, _ in STEPS]
+        == list(CHOSEN_BY)
+        == ["debug", "host", "compare", "static_kernels", "tuning", "config"]
+    )
 
 
 @pytest.mark.parametrize(

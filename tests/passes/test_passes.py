@@ -36,6 +36,7 @@ def test_every_pass_has_a_config_switch():
         "host_placement",
         "remove_noops",
         "dead_code_elimination",
+        "fallback",
     ]
     assert all(name in switches for name, _ in PIPELINE)
 

@@ -1,0 +1,44 @@
+"""fallback: mark the nodes ``config.fallback`` names, so they run as eager would.
+
+``config.fallback.aten_nodes`` names nodes (``name``, or ``kind:name`` for one graph kind: inference, forward,
+backward); ``config.fallback.keep_ops`` names ATen ops the backend did not decompose (lowering/decompositions.py),
+whose every node is marked. A marked node gets ``node.meta["fallback"] = "compare"``: the partitioner gives marked
+nodes segments of their own and the seam's ``compare`` step runs those through the aten kernel backend. The pass
+runs last, so the names are those of the graph the partitioner sees (and ``airgraph.compare`` reports).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from airgraph.graph.analysis import target_name
+from airgraph.graph.meta import COMPARE, FALLBACK
+from airgraph.passes.base import CompileContext, PassResult
+
+__all__ = ["fallback", "op_names"]
+
+
+def op_names(target: object) -> tuple[str, ...]:
+    """``("aten.silu", "aten.silu.default")`` for ``aten.silu.default``: the spellings keep_ops accepts."""
+    if not isinstance(target, torch._ops.OpOverload):
+        return ()
+    packet = f"{target.namespace}.{target._opname}"
+    return packet, f"{packet}.{target._overloadname}"
+
+
+def fallback(gm: torch.fx.GraphModule, ctx: CompileContext) -> PassResult:
+    result = PassResult()
+    names = set(ctx.config.fallback.aten_nodes)
+    ops = set(ctx.config.fallback.keep_ops)
+    if not names and not ops:
+        return result
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        named = node.name in names or f"{ctx.kind}:{node.name}" in names
+        kept = any(name in ops for name in op_names(node.target))
+        if named or kept:
+            node.meta[FALLBACK] = COMPARE
+            why = "config.fallback.aten_nodes" if named else "config.fallback.keep_ops"
+            result.note(f"{node.name} ({target_name(node)}): runs as aten ({why})")
+    return result
