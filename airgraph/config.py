@@ -112,8 +112,9 @@ class FallbackConfig(OptionGroup):
 
     aten_nodes = Option(
         (),
-        "ATen nodes (their names in the graph after the passes, 'addmm_1'; 'forward:addmm_1' for one graph kind) "
-        "that run through the aten kernel backend, not the configured one.",
+        "ATen nodes (their names in the graph after the passes, 'addmm_1', or an op's, 'aten.addmm.default', for "
+        "all its nodes; 'forward:addmm_1' for one graph kind) that run through the aten kernel backend, not the "
+        "configured one.",
         types=tuple,
         normalize=lambda value: _op_list(value) or (),
         allowed="a list of node names (str) or a comma-separated str",

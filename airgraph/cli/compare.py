@@ -38,6 +38,13 @@ def add_parsers(sub: Any, docs: dict[str, str]) -> None:
     p.add_argument("--dump-dir", default=None, metavar="DIR", help="write every compared tensor and index.json")
     p.add_argument("--json", default=None, metavar="PATH", help="also write report.to_dict() as JSON")
     p.add_argument("--grad", action="store_true", help="keep autograd on and compare gradients (default: no_grad)")
+    p.add_argument(
+        "--write-config",
+        default=None,
+        metavar="PATH",
+        help="write report.fallback() as a JSON config (AIRGRAPH_CONFIG=PATH uses it): what diverged runs as eager "
+        "would; then compare with it and time a call with and without it",
+    )
     add_target_options(p)
     p.set_defaults(handler=cmd_compare)
 
@@ -62,4 +69,30 @@ def cmd_compare(args: argparse.Namespace, console: Console) -> int:
     if args.json:
         path = write_json(report.to_dict(), args.json)
         console.print(f"wrote {path}", highlight=False)
+    if args.write_config:
+        with torch.enable_grad() if args.grad else torch.no_grad():
+            _write_config(args.write_config, report, fn, fargs, fkwargs, args, console)
     return 0 if report.ok else 1
+
+
+def _write_config(path: str, report: Any, fn: Any, fargs: Any, fkwargs: dict, args: Any, console: Console) -> None:
+    """The fallback config written, checked with compare, and its speed cost measured."""
+    import airgraph
+    from airgraph.precision.fallback import call_times
+
+    fix = report.fallback()
+    fix.to_file(path)
+    console.print(f"wrote the fallback config {path} (AIRGRAPH_CONFIG={path} compiles with it)", highlight=False)
+    if report.ok:
+        console.print("every value was within tolerance: the config is the one compared", highlight=False)
+        return
+    changed = {"aten_nodes": list(fix.fallback.aten_nodes), "keep_ops": list(fix.fallback.keep_ops)}
+    off = [name for name, on in fix.passes if not on and getattr(report.config.passes, name)]
+    console.print(f"fallback: {changed}" + (f", passes off: {off}" if off else ""), highlight=False, markup=False)
+    checked = airgraph.compare(fn, *fargs, config=fix, rtol=args.rtol, atol=args.atol, **fkwargs)
+    console.print("compare with it: " + ("ok" if checked.ok else "DIVERGES"), highlight=False)
+    times = call_times(fn, *fargs, config=report.config, fallback=fix, **fkwargs)
+    console.print(
+        f"call time: {times['without_s'] * 1e3:.3f} ms without the fallback, {times['with_s'] * 1e3:.3f} ms with it",
+        highlight=False,
+    )

@@ -1,13 +1,16 @@
 """fallback: mark the nodes ``config.fallback`` names, so they run as eager would.
 
-``config.fallback.aten_nodes`` names nodes (``name``, or ``kind:name`` for one graph kind: inference, forward,
-backward); ``config.fallback.keep_ops`` names ATen ops the backend did not decompose (lowering/decompositions.py),
-whose every node is marked. A marked node gets ``node.meta["fallback"] = "compare"``: the partitioner gives marked
-nodes segments of their own and the seam's ``compare`` step runs those through the aten kernel backend. The pass
-runs last, so the names are those of the graph the partitioner sees (and ``airgraph.compare`` reports).
+``config.fallback.aten_nodes`` names nodes (``name``) or every node of an op (``aten.silu.default``), in every graph
+or, as ``kind:name``, in one graph kind (inference, forward, backward); ``config.fallback.keep_ops`` names ATen ops
+the backend did not decompose (lowering/decompositions.py), whose every node is marked. A marked node (and its
+getitems) gets ``node.meta["fallback"] = "compare"``: the partitioner gives marked nodes segments of their own and
+the seam's ``compare`` step runs those through the aten kernel backend. The pass runs last, so the names are those
+of the graph the partitioner sees (and ``airgraph.compare`` reports).
 """
 
 from __future__ import annotations
+
+import operator
 
 import torch
 
@@ -35,10 +38,14 @@ def fallback(gm: torch.fx.GraphModule, ctx: CompileContext) -> PassResult:
     for node in gm.graph.nodes:
         if node.op != "call_function":
             continue
-        named = node.name in names or f"{ctx.kind}:{node.name}" in names
+        spellings = (node.name, str(node.target))
+        named = any(name in names or f"{ctx.kind}:{name}" in names for name in spellings)
         kept = any(name in ops for name in op_names(node.target))
         if named or kept:
             node.meta[FALLBACK] = COMPARE
             why = "config.fallback.aten_nodes" if named else "config.fallback.keep_ops"
             result.note(f"{node.name} ({target_name(node)}): runs as aten ({why})")
+            for user in node.users:  # a multi-output op's getitems share its segment (lowering/partition.py)
+                if user.target is operator.getitem:
+                    user.meta[FALLBACK] = COMPARE
     return result

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import copy
 import os
 from typing import Any
 
 import torch
 
 from airgraph.config import CompilerConfig
+from airgraph.precision.before import EagerOps, locate_before
 from airgraph.precision.device import RunDevice
 from airgraph.precision.locate import locate_graph
 from airgraph.precision.record import Recorder
 from airgraph.precision.report import CompareReport
-from airgraph.precision.run import compare_runs, compiled_calls
+from airgraph.precision.run import compare_runs, compiled_calls, run_once
 from airgraph.precision.tolerance import tolerance_for
 
 __all__ = ["compare", "compare_with"]
@@ -67,17 +69,21 @@ def compare_with(
     eager, compiled, values = compare_runs(
         model, inputs, kwargs, compile_fn, calls, rtol=rtol, atol=atol, device=device
     )
-    report = CompareReport(values, graphs=[_graph_summary(g.report) for g in recorder.graphs])
+    graphs = [_graph_summary(g.report) for g in recorder.graphs]
+    report = CompareReport(values, graphs=graphs, config=copy.deepcopy(backend.config))
     if not report.ok:
         for graph in recorder.graphs:
             found, notes = locate_graph(graph, backend.config, rtol, atol, device.runtime)
             report.divergences += found
             report.notes += notes
         if not report.divergences and not report.notes:
-            report.notes.append(
-                "no segment leaves the tolerance on eager's values: the difference comes from outside the kernels "
-                "(the ATen graph itself, capture, streams or input copies)"
-            )
+            report.before, notes = _before_kernels(backend, recorder, model, inputs, kwargs, rtol, atol, compile_kwargs)
+            report.notes += notes
+            if report.before is None:
+                report.notes.append(
+                    "no segment leaves the tolerance on eager's values: the difference comes from outside the "
+                    "kernels (capture, streams or input copies)"
+                )
     if dump_dir is not None:
         from airgraph.precision.dump import write_dumps
 
@@ -86,6 +92,37 @@ def compare_with(
         write_dumps(dump_dir, dumped, report.divergences)
         report.dump_dir = str(dump_dir)
     return report
+
+
+def _before_kernels(
+    backend: Any,
+    recorder: Recorder,
+    model: Any,
+    inputs: tuple,
+    kwargs: dict,
+    rtol: Any,
+    atol: Any,
+    compile_kwargs: dict,
+) -> tuple[Any, list[str]]:
+    """Which decomposition or pass leaves eager (precision/before.py): each trial a fresh backend of the same kind."""
+    device = RunDevice(getattr(backend, "runtime", None))
+    ops = EagerOps()
+    eager_model = device.copy_model(model)
+    run_once(eager_model, eager_model, inputs, kwargs, 0, device, lambda: ops)
+
+    def trial(config: CompilerConfig) -> tuple[bool, Recorder]:
+        candidate, trial_recorder = type(backend)(config, runtime=backend.runtime), Recorder()
+        trial_recorder.attach(candidate)
+        candidate.warm_start = False
+
+        def compile_fn(fn: Any) -> Any:
+            return torch.compile(fn, backend=candidate, **compile_kwargs)
+
+        calls = compiled_calls(config)
+        _, _, diffs = compare_runs(model, inputs, kwargs, compile_fn, calls, rtol=rtol, atol=atol, device=device)
+        return all(d.ok for d in diffs), trial_recorder
+
+    return locate_before(backend.config, recorder, trial, list(ops.ops))
 
 
 def _graph_summary(report: Any) -> dict[str, Any]:

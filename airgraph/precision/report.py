@@ -11,6 +11,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from airgraph.config import CompilerConfig
+from airgraph.precision.before import BeforeKernels
 from airgraph.precision.locate import Divergence
 from airgraph.precision.tolerance import TensorDiff
 
@@ -24,6 +26,10 @@ class CompareReport:
     graphs: list[dict[str, Any]] = field(default_factory=list)  # each compiled graph: kind, segments, captured
     notes: list[str] = field(default_factory=list)
     dump_dir: str | None = None
+    # A divergence made before the kernels (a decomposition or a pass; precision/before.py), when no segment left
+    # the tolerance; and the config compared (what fallback() starts from).
+    before: BeforeKernels | None = None
+    config: CompilerConfig | None = None
 
     @property
     def ok(self) -> bool:
@@ -46,9 +52,17 @@ class CompareReport:
             "values": [_diff_dict(d) for d in self.values],
             "graphs": self.graphs,
             "tolerances": self.tolerances,
+            "before_kernels": self.before.to_dict() if self.before else None,
             "notes": self.notes,
             "dump_dir": self.dump_dir,
         }
+
+    def fallback(self) -> CompilerConfig:
+        """The config compared, with every divergence found running as eager would (precision/fallback.py): a
+        segment's node through the aten backend, a decomposition not applied, a pass switched off."""
+        from airgraph.precision.fallback import fallback_config
+
+        return fallback_config(self)
 
     def table(self) -> Any:
         """The compared values, then the divergences, as one rich table."""
@@ -96,6 +110,8 @@ class CompareReport:
                 + (f" in {first.module}" if first.module else "")
                 + f": max abs {_num(first.max_abs)}, max rel {_num(first.max_rel)}, {first.tolerance}"
             )
+        if self.before is not None:
+            lines.append(str(self.before))
         lines += self.notes
         if self.dump_dir:
             lines.append(f"dumps: {self.dump_dir}")
