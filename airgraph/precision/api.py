@@ -71,13 +71,15 @@ def compare_with(
     )
     graphs = [_graph_summary(g.report) for g in recorder.graphs]
     report = CompareReport(values, graphs=graphs, config=copy.deepcopy(backend.config))
+    original = None  # the trial without the decomposition or pass found: TorchAir's "original" stage
     if not report.ok:
         for graph in recorder.graphs:
             found, notes = locate_graph(graph, backend.config, rtol, atol, device.runtime)
             report.divergences += found
             report.notes += notes
         if not report.divergences and not report.notes:
-            report.before, notes = _before_kernels(backend, recorder, model, inputs, kwargs, rtol, atol, compile_kwargs)
+            found = _before_kernels(backend, recorder, model, inputs, kwargs, rtol, atol, compile_kwargs)
+            report.before, notes, original = found
             report.notes += notes
             if report.before is None:
                 report.notes.append(
@@ -89,7 +91,9 @@ def compare_with(
 
         pairs = {**eager.outputs, **eager.grads}, {**compiled.outputs, **compiled.grads}
         dumped = [(d, pairs[0].get(d.name), pairs[1].get(d.name)) for d in values]
-        write_dumps(dump_dir, dumped, report.divergences)
+        stage = original.outcome if original is not None and original.outcome is not None else None
+        before = {**stage.outputs, **stage.grads} if stage is not None else None
+        write_dumps(dump_dir, dumped, report.divergences, original=before, before=report.before)
         report.dump_dir = str(dump_dir)
     return report
 
@@ -119,7 +123,9 @@ def _before_kernels(
             return torch.compile(fn, backend=candidate, **compile_kwargs)
 
         calls = compiled_calls(config)
-        _, _, diffs = compare_runs(model, inputs, kwargs, compile_fn, calls, rtol=rtol, atol=atol, device=device)
+        _, trial_recorder.outcome, diffs = compare_runs(
+            model, inputs, kwargs, compile_fn, calls, rtol=rtol, atol=atol, device=device
+        )
         return all(d.ok for d in diffs), trial_recorder
 
     return locate_before(backend.config, recorder, trial, list(ops.ops))

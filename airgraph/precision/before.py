@@ -67,8 +67,9 @@ Trial = Callable[[CompilerConfig], "tuple[bool, Recorder | None]"]
 
 
 def locate_before(config: CompilerConfig, recorder: Recorder, trial: Trial, eager_ops: list[Any]) -> tuple:
-    """``(found or None, notes)``. ``trial(config)``: whether compiling with ``config`` is within tolerance, and
-    its recorder; ``eager_ops``: the ATen ops eager dispatched, in order."""
+    """``(found or None, notes, the recorder of the trial without it or None)``. ``trial(config)``: whether
+    compiling with ``config`` is within tolerance, and its recorder; ``eager_ops``: the ATen ops eager dispatched,
+    in order."""
     counter = [0]
 
     def counted(candidate: CompilerConfig) -> tuple[bool, Recorder | None]:
@@ -83,14 +84,14 @@ def locate_before(config: CompilerConfig, recorder: Recorder, trial: Trial, eage
     found = _search(passes, lambda names: _passes_off(config, names), counted)
     if found is not None:
         name, fixed = found
-        return _pass_finding(name, recorder, fixed, counter[0]), []
+        return _pass_finding(name, recorder, fixed, counter[0]), [], fixed
     decomposed = _decomposed_ops(config, eager_ops)
     found = _search(list(decomposed), lambda names: _kept(config, names), counted)
     if found is not None:
         name, fixed = found
-        return _decomposition_finding(name, decomposed[name], fixed, counter[0]), []
+        return _decomposition_finding(name, decomposed[name], fixed, counter[0]), [], fixed
     tried = f"{len(passes)} pass(es) and {len(decomposed)} decomposition(s) switched off"
-    return None, [f"neither a decomposition nor an airgraph pass made it ({tried}, in {counter[0]} compiles)"]
+    return None, [f"neither a decomposition nor an airgraph pass made it ({tried}, in {counter[0]} compiles)"], None
 
 
 def _search(candidates: list[str], configure: Callable[[list[str]], CompilerConfig], trial: Callable) -> Any:
@@ -117,6 +118,7 @@ def _search(candidates: list[str], configure: Callable[[list[str]], CompilerConf
 
 def _passes_off(config: CompilerConfig, names: list[str]) -> CompilerConfig:
     candidate = copy.deepcopy(config)
+    candidate.compile_cache = False  # a trial leaves no entries behind
     for name in names:
         setattr(candidate.passes, name, False)
     return candidate
@@ -124,6 +126,7 @@ def _passes_off(config: CompilerConfig, names: list[str]) -> CompilerConfig:
 
 def _kept(config: CompilerConfig, names: list[str]) -> CompilerConfig:
     candidate = copy.deepcopy(config)
+    candidate.compile_cache = False
     candidate.fallback.keep_ops = [*candidate.fallback.keep_ops, *names]
     return candidate
 

@@ -3,8 +3,11 @@
 A tensor file holds one plain tensor (on the CPU, contiguous), so it loads with
 ``torch.load(path, weights_only=True)``. ``index.json`` (``{"version": 1, "tensors": [...]}``) has one entry per
 compared value: its name, kind (output, grad, node), graph, node, op, shape, dtype, source (``file:line``), module,
-its largest differences, whether it was within the tolerance, and the two file names. Files are written to a
-temporary name and renamed, the index last.
+its largest differences, whether it was within the tolerance, and the two file names. When the divergence was made
+before the kernels (precision/before.py), each output and gradient has a third file, ``original``: the value
+compiled without the decomposition or pass found (TorchAir's "original" stage; ``compiled`` is its "optimized"),
+and the index's ``before_kernels`` names what was switched off. Files are written to a temporary name and renamed,
+the index last.
 """
 
 from __future__ import annotations
@@ -32,14 +35,20 @@ def write_dumps(
     folder: str | os.PathLike[str],
     values: list[tuple[TensorDiff, Any, Any]],
     divergences: list[Divergence],
+    *,
+    original: dict[str, Any] | None = None,
+    before: Any = None,
 ) -> Path:
     """Write every compared value (``(diff, eager, compiled)`` for outputs and gradients, and each divergence's
-    checked values) into ``folder``; returns the index's path."""
+    checked values) into ``folder``; ``original``: by name, the values compiled without what ``before`` (a
+    ``BeforeKernels``) found. Returns the index's path."""
     root = Path(folder)
     root.mkdir(parents=True, exist_ok=True)
     entries = []
     for diff, eager, compiled in values:
-        entries.append(_write(root, len(entries), diff, eager, compiled, {"graph": None, "node": None, "op": None}))
+        info = {"graph": None, "node": None, "op": None}
+        stage = (original or {}).get(diff.name)
+        entries.append(_write(root, len(entries), diff, eager, compiled, info, stage))
     for div in divergences:
         for checked in div.checked:
             source, _ = node_source(checked.node)
@@ -54,7 +63,10 @@ def write_dumps(
             }
             entries.append(_write(root, len(entries), checked.diff, checked.eager, checked.compiled, info))
     index = root / INDEX
-    _atomic(index, json.dumps({"version": VERSION, "tensors": entries}, indent=1).encode())
+    contents: dict[str, Any] = {"version": VERSION, "tensors": entries}
+    if before is not None:
+        contents["before_kernels"] = before.to_dict()
+    _atomic(index, json.dumps(contents, indent=1).encode())
     return index
 
 
@@ -64,10 +76,12 @@ def _op(node: torch.fx.Node) -> str:
     return target_name(node)
 
 
-def _write(root: Path, number: int, diff: TensorDiff, eager: Any, compiled: Any, info: dict[str, Any]) -> dict:
+def _write(
+    root: Path, number: int, diff: TensorDiff, eager: Any, compiled: Any, info: dict[str, Any], original: Any = None
+) -> dict:
     stem = f"{number:04d}_{re.sub(r'[^A-Za-z0-9_.-]+', '_', diff.name)[:60]}"
     files = {}
-    for which, value in (("eager", eager), ("compiled", compiled)):
+    for which, value in (("eager", eager), ("compiled", compiled), ("original", original)):
         if isinstance(value, torch.Tensor):
             name = f"{stem}.{which}.pt"
             path = root / name

@@ -39,6 +39,7 @@ class RecordedGraph:
 @dataclass
 class Recorder:
     graphs: list[RecordedGraph] = field(default_factory=list)
+    outcome: Any = None  # a trial's compiled outputs and gradients (precision/before.py), for the dumps
     _pending: list[tuple[GraphReport, list[Segment]]] = field(default_factory=list)
 
     def attach(self, backend: Any) -> None:

@@ -107,17 +107,26 @@ def _bias_dropping(real):
     return planted
 
 
-def test_a_wrong_airgraph_pass_is_named_and_switched_off_by_the_fallback(monkeypatch):
+def test_a_wrong_airgraph_pass_is_named_and_switched_off_by_the_fallback(monkeypatch, tmp_path):
     planted = [(name, _bias_dropping(fn) if name == "remove_noops" else fn) for name, fn in pipeline.PIPELINE]
     monkeypatch.setattr(pipeline, "PIPELINE", planted)
     config = make_config(kernel_backend="aten", compile_cache=False)
     with torch.no_grad():
-        report = airgraph.compare(MLP(), *_inputs(), config=config)
+        eager = MLP()(*_inputs())
+        report = airgraph.compare(MLP(), *_inputs(), config=config, dump_dir=tmp_path)
     assert not report.ok and not report.divergences
     before = report.before
     assert (before.stage, before.what) == ("pass", "remove_noops") and "dropped the bias" in before.detail
     assert before.source == _line("# the first silu")  # fc1's addmm, as the graph without the pass has it
     assert "airgraph's remove_noops pass (pass)" in str(report)
+    index = json.loads((tmp_path / "index.json").read_text())  # both stages: without the pass, and with it
+    assert index["before_kernels"]["what"] == "remove_noops"
+    (output,) = index["tensors"]
+    load = {which: torch.load(tmp_path / name, weights_only=True) for which, name in output["files"].items()}
+    assert set(load) == {"eager", "compiled", "original"}
+    torch.testing.assert_close(load["original"], eager)
+    torch.testing.assert_close(load["eager"], eager)
+    assert not torch.allclose(load["compiled"], eager, rtol=1e-4, atol=1e-4)
     fix = report.fallback()
     assert fix.passes.remove_noops is False and config.passes.remove_noops is True
     with torch.no_grad():
