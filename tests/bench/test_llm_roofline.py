@@ -33,6 +33,12 @@ def _load():
 roofline = _load()
 
 
+def assert_rounded(stored: float, low: float, high: float, digits: int) -> None:
+    """``stored`` is ``round(x, digits)`` for some x in [low, high]."""
+    half = 0.5 * 10**-digits
+    assert low - half - 1e-12 <= stored <= high + half + 1e-12, (stored, low, high, digits)
+
+
 def test_weight_bytes_count_a_tied_matrix_once_and_an_untied_embedding_by_its_rows():
     untied = TinyLlama(LlamaConfig.preset("micro"), dtype=torch.bfloat16)
     params = sum(p.numel() for p in untied.parameters()) * 2
@@ -177,9 +183,13 @@ def test_the_tiny_preset_runs_end_to_end_and_every_compiled_variant_makes_eager_
         assert set(r) >= ROW_FIELDS, ROW_FIELDS - set(r)
         assert r["tokens_match"] is True and r["tokens_verdict"] == "equal", r["variant"]
         assert r["calls_checked"] == 4 and r["steps_timed"] == 2 * 5
-        expected = (r["weight_bytes"] + r["kv_bytes_per_token"]) / (r["ms_per_token"] / 1e3) / 1e9
-        assert r["achieved_gbps"] == pytest.approx(expected, rel=1e-2)
-        assert r["fraction_of_copy"] == pytest.approx(r["achieved_gbps"] / result["copy_gbps"], rel=1e-2)
+        # Compared at the precision they are stored with (ms 4 decimals, GB/s 2, the fraction 4): on a slow machine
+        # a rounding is a larger share of a small figure than any fixed relative tolerance allows.
+        moved = r["weight_bytes"] + r["kv_bytes_per_token"]
+        ms_low, ms_high = r["ms_per_token"] - 5e-5, r["ms_per_token"] + 5e-5
+        assert_rounded(r["achieved_gbps"], moved / (ms_high / 1e3) / 1e9, moved / (ms_low / 1e3) / 1e9, 2)
+        low, high = r["achieved_gbps"] - 5e-3, r["achieved_gbps"] + 5e-3
+        assert_rounded(r["fraction_of_copy"], low / result["copy_gbps"], high / result["copy_gbps"], 4)
         assert r["opt_in"] is (r["variant"] in OPT_IN)
         assert r["profile"]["top"] and r["profile"]["sorted_by"] == "self_cpu_us"
     fast = next(r for r in rows if r["variant"] == "airgraph fast path")

@@ -3,6 +3,7 @@ wait, reach the verdicts each reaches alone, say how long they waited; a killed 
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -65,6 +66,22 @@ def assert_lone_verdicts(results: list[dict], lone: list[dict], lock: Path) -> N
         assert f"waited {result['waits']['waited_s']:.1f} s for the device's turn" in result["printed"]
 
 
+def assert_took_turns(results: list[dict]) -> None:
+    """By the order of the two processes' turns (one monotonic clock), not by seconds: no two turns were held at
+    once, and where the processes ran side by side one of them asked for the turn while the other held it."""
+    first, second = ([tuple(t) for t in r["turns"]] for r in results)
+    held = sorted([(h, e, 0) for _, h, e in first] + [(h, e, 1) for _, h, e in second])
+    for (_, end, _), (start, _, _) in itertools.pairwise(held):
+        assert end <= start, "two processes held the device's turn at once"
+
+    def asked_while_held(mine, theirs) -> bool:
+        return any(h <= r < e for r, _, _ in mine for _, h, e in theirs)
+
+    side_by_side = first[0][0] < second[-1][2] and second[0][0] < first[-1][2]
+    if side_by_side:
+        assert asked_while_held(first, second) or asked_while_held(second, first)
+
+
 USABLE_CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
 
@@ -112,7 +129,7 @@ def test_where_a_measurement_takes_the_cpus_cores_building_takes_turns_too(tmp_p
     assert_lone_verdicts(results, lone, tmp_path / "locks" / "cpu.lock")
     for result in results:
         assert result["waits"]["building_turns"] >= 3 and result["built_beside_a_measurement"] == 0
-    assert sum(result["waits"]["waited_s"] for result in results) > 0.1  # started together: one waited
+    assert_took_turns(results)
 
 
 HOLDER = """
@@ -137,10 +154,10 @@ def test_a_holder_killed_mid_measurement_frees_the_turn(tmp_path):
         proc.send_signal(signal.SIGKILL)
         proc.wait(30)
     assert proc.returncode == -signal.SIGKILL
-    start = time.perf_counter()
-    with turns.turn(CPU) as waited:  # the OS released the killed process's lock
-        assert waited < 1.0
-    assert time.perf_counter() - start < 1.0 and turns.waits.turns == 1 and turns.free_now(CPU)
+    assert turns.free_now(CPU)  # the OS released the killed process's lock
+    with turns.turn(CPU):
+        pass
+    assert (turns.waits.turns, turns.waits.timed_out) == (1, 0) and turns.free_now(CPU)
 
 
 def test_a_stuck_holder_is_measured_beside_after_the_timeout_with_a_warning(tmp_path):
@@ -148,7 +165,7 @@ def test_a_stuck_holder_is_measured_beside_after_the_timeout_with_a_warning(tmp_
     turns = DeviceTurns(tmp_path, 0.3)
     warned = pytest.warns(UserWarning, match=r"cpu\.lock for more than 0 s; measuring beside it")
     with held.turn(CPU), warned, turns.turn(CPU) as waited:
-        assert 0.25 < waited < 5
+        assert waited >= 0.25  # it waited out its timeout (how much longer depends on the machine's load)
     assert (turns.waits.timed_out, turns.waits.turns) == (1, 1)
 
 

@@ -20,6 +20,7 @@ from airgraph.backend import AirgraphBackend
 from airgraph.runtime.cpu import CpuRuntime
 from airgraph.runtime.simulated import SimulatedCuda
 from airgraph.runtime.simulated_device import CostModel
+from airgraph.tuning.turns import DeviceTurns, device_key
 from tests.helpers import make_config
 
 
@@ -84,6 +85,30 @@ class SharedGpuClock(_Shared, SimulatedCuda):
         return SimulatedCuda.time(self, fn, args, 1)
 
 
+_turns: list[list[float]] = []  # this process's outer turns: [requested, held from, released], CLOCK_MONOTONIC
+_turn = DeviceTurns.turn
+
+
+@contextlib.contextmanager
+def _logged_turn(self: DeviceTurns, device: torch.device):
+    """DeviceTurns.turn, each outer turn logged by the system's monotonic clock (one clock for every process), so
+    that a test orders two processes' turns by their events."""
+    if self._depth.get(device_key(device)):
+        with _turn(self, device) as waited:
+            yield waited
+        return
+    requested = time.monotonic()
+    with _turn(self, device) as waited:
+        held = time.monotonic()
+        try:
+            yield waited
+        finally:
+            _turns.append([requested, held, time.monotonic()])
+
+
+DeviceTurns.turn = _logged_turn
+
+
 class MLP(torch.nn.Module):
     def __init__(self, d: int, h: int) -> None:
         super().__init__()
@@ -136,6 +161,7 @@ def tune(
         "built_before_measuring": clock.built_before_measuring,
         "built_beside_a_measurement": beside[0],
         "device": backend.reports[0].device,
+        "turns": list(_turns),
     }
 
 
