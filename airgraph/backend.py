@@ -227,8 +227,9 @@ class AirgraphBackend:
         run = compile_as(gm, example_inputs, kind="inference", graph_passes_done=True)
         report = self.reports[-1]
         report.compile_cache = why
-        if payload is not None and self.compile_cache is not None and self.compile_cache.store(lookup, payload, gm):
-            report.compile_cache = "stored"
+        if payload is not None and self.compile_cache is not None:
+            stored = self.compile_cache.store(lookup, payload, gm)
+            report.compile_cache = "stored" if stored else "not stored: the folder cannot be written, or is refused"
         return run
 
     # -- one ATen graph ----------------------------------------------------------------------------------

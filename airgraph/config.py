@@ -52,6 +52,24 @@ def _folder_or_none(value: str | None) -> str | None:
     return "an empty path" if not value.strip() else ("contains a NUL byte" if "\0" in value else None)
 
 
+def _folder_list(value: Any) -> Any:
+    """``"/a:/b"`` (an environment string, ``os.pathsep``-separated) or a list/tuple of str -> a tuple of absolute
+    folders (``~`` expanded); "*" is refused: trusting means naming the folders."""
+    if isinstance(value, str):
+        value = [part for part in (p.strip() for p in value.split(os.pathsep)) if part]
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and v.strip() for v in value):
+        raise TypeError("expected folders: a list of non-empty str, or one os.pathsep-separated str")
+    found = []
+    for folder in value:
+        if folder.strip() in ("*", "/") or "\0" in folder:
+            raise ValueError(f"{folder!r} would trust everything; name each shared folder to trust")
+        expanded = os.path.expanduser(folder)
+        if not os.path.isabs(expanded):
+            raise ValueError(f"{folder!r} is not an absolute path; give the full path of the folder")
+        found.append(os.path.normpath(expanded))
+    return tuple(found)
+
+
 def user_cache_dir(name: str) -> str:
     """``<user cache>/airgraph/<name>``: the user cache is ``$XDG_CACHE_HOME``, else ``~/.cache`` (Inductor's and
     torch hub's caches follow the same convention)."""
@@ -447,6 +465,17 @@ class CompilerConfig(OptionGroup):
         types=(bool, str),
         check=lambda value: _folder_or_none(value) if isinstance(value, str) else None,
         allowed="True, False or a folder path (str)",
+    )
+    trusted_folders = Option(
+        (),
+        "Folders others can write that airgraph may still load compiled code from (compile cache, cache_compile "
+        "packages, kernel library): a path inside one is not checked for its owner and mode (airgraph/trust.py, "
+        "docs/trust.md). Trust only folders whose every writer you trust; an environment string separates them with "
+        "os.pathsep.",
+        types=(tuple,),
+        normalize=_folder_list,
+        allowed="a list of absolute folder paths, or one os.pathsep-separated str",
+        env="AIRGRAPH_TRUSTED_FOLDERS",
     )
     static_kernels = StaticKernelsConfig
     tuning = TuningConfig

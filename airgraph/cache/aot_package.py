@@ -102,7 +102,7 @@ class CacheCompiled:
     def __init__(self, module: nn.Module, method: str, config: CompilerConfig) -> None:
         self.module, self.method, self.config = module, method, config
         root = config.resolved_cache_dir()
-        self.folder = CacheFolder(root) if root is not None else None
+        self.folder = CacheFolder(root, config.trusted_folders) if root is not None else None
         self._model_key: str | None = None
         self._loaded: dict[Any, _Loaded] = {}
         self._fallback: Callable[..., Any] | None = None
@@ -233,6 +233,7 @@ def _model_key(module: nn.Module, method: str, config: CompilerConfig) -> str:
     packages_facts = {top: _package_facts(top) for top in sorted(packages)}
     options = config.as_dict()
     options.pop("compile_cache", None)
+    options.pop("trusted_folders", None)
     facts = machine.fingerprint(torch.device("cpu"))
     document = {
         "classes": classes,

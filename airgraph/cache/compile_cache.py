@@ -49,7 +49,7 @@ class CompileCache:
         root = config.resolved_cache_dir()
         if root is None:
             raise ValueError("the compile cache is off (config.compile_cache = False)")
-        self.folder = CacheFolder(root)
+        self.folder = CacheFolder(root, config.trusted_folders)
         self.root = self.folder.root
         self.config = config
         self.counts: collections.Counter[str] = collections.Counter()

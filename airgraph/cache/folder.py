@@ -11,7 +11,9 @@ sha256, and what the entry is (the model, the mode, the device, the graph's size
 Written whole (``write_bytes_atomic``: a temporary file renamed over the entry) under the entry's lock, so
 processes writing the same entry at once leave one whole entry. Read without a lock; a file whose header,
 size or digest is wrong (torn, damaged, another version) is refused with one warning per process and entry,
-and the compile that follows writes it again. Imports no torch.
+and the compile that follows writes it again. Entries are pickles and shared objects: nothing is read from or
+written to a folder someone else can write (airgraph/trust.py; warned once per folder, the graph compiles as if
+the entry were missing) unless it is one of the ``trusted`` folders. Imports no torch.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from airgraph import trust
 from airgraph.log import warn_once
 from airgraph.store import StoreError, check_header, locked, write_bytes_atomic
 
@@ -50,9 +53,10 @@ class EntryInfo:
 class CacheFolder:
     """The entries of one compile-cache folder (module docstring)."""
 
-    def __init__(self, root: str | os.PathLike[str]) -> None:
+    def __init__(self, root: str | os.PathLike[str], trusted: tuple[str, ...] = ()) -> None:
         self.root = Path(root)
         self.entries = self.root / "entries"
+        self.trusted = tuple(trusted)  # config.trusted_folders
 
     def __repr__(self) -> str:
         return f"CacheFolder({str(self.root)!r})"
@@ -61,7 +65,10 @@ class CacheFolder:
         return self.entries / f"{key}{SUFFIX}"
 
     def write(self, key: str, payload: bytes, info: dict[str, Any]) -> Path:
-        """Write entry ``key`` whole (module docstring); ``info``: what it is, for listings."""
+        """Write entry ``key`` whole (module docstring); ``info``: what it is, for listings. trust.Untrusted when
+        others can write the folder."""
+        trust.check(self.entries, self.trusted)
+        trust.make_folder(self.entries, self.trusted)
         header = {
             "format": FORMAT,
             "version": VERSION,
@@ -81,6 +88,9 @@ class CacheFolder:
         that cannot be filled leaves the compile to go on."""
         try:
             self.write(key, payload, info)
+        except trust.Untrusted as exc:
+            self._untrusted(str(exc))
+            return False
         except OSError as exc:
             warn_once(
                 ("compile cache unwritable", str(self.root)),
@@ -95,6 +105,10 @@ class CacheFolder:
         """Entry ``key``'s header and payload; None when there is none. A damaged one is refused with a warning
         (once per process) naming the file, and None is answered: the caller compiles and writes it again."""
         path = self.path(key)
+        reason = trust.problem(path, self.trusted)
+        if reason is not None:
+            self._untrusted(reason)
+            return None
         try:
             data = path.read_bytes()
         except FileNotFoundError:
@@ -111,6 +125,14 @@ class CacheFolder:
     def refuse(self, key: str, reason: str) -> None:
         """Entry ``key`` read whole but unusable (its payload does not load): warned as a damaged one."""
         self._refuse(self.path(key), reason)
+
+    def _untrusted(self, reason: str) -> None:
+        warn_once(
+            ("compile cache untrusted", str(self.root)),
+            f"airgraph: the compile cache {self.root} is neither loaded from nor written to: {reason}; graphs "
+            "compile as if it were empty",
+            stacklevel=4,
+        )
 
     def _refuse(self, path: Path, reason: str) -> None:
         warn_once(

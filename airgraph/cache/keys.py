@@ -5,10 +5,10 @@
 - which inputs Dynamo marks static, which share memory, their storage offsets;
 - the global state Dynamo guards (its ``GlobalStateGuard``: grad mode, the default dtype, autocast, deterministic
   algorithms, TF32, the thread count, ...) and the float32 matmul precision: the traced graph bakes them in;
-- the configuration: every option but ``compile_cache`` itself; Inductor's and AOTAutograd's own configurations
-  (their hashes: a user's ``torch._inductor.config`` patch changes the graphs); the decomposition tables AOTAutograd
-  and Inductor apply, each entry by its op and its function's code (a decomposition replaced at runtime, as
-  ``airgraph.compare``'s tests plant one, changes the graphs too);
+- the configuration: every option but ``compile_cache`` and ``trusted_folders``; Inductor's and AOTAutograd's own
+  configurations (their hashes: a user's ``torch._inductor.config`` patch changes the graphs); the decomposition
+  tables AOTAutograd and Inductor apply, each entry by its op and its function's code (a decomposition replaced at
+  runtime, as ``airgraph.compare``'s tests plant one, changes the graphs too);
 - the software: torch (version and commit), Python, airgraph;
 - the machine (airgraph/machine.py): the CPU's model, vector ISA and flags; a GPU's name and compute capability.
 
@@ -47,6 +47,7 @@ def key_facts(
     facts = machine.fingerprint(device)
     options = config.as_dict()
     options.pop("compile_cache", None)
+    options.pop("trusted_folders", None)  # where code may load from, not what it compiles
     return {
         "graph": hashlib.sha256(canonical_text(gm).encode()).hexdigest(),
         "inputs": [list(s) if isinstance(s, tuple) else s for s in shapes],

@@ -101,7 +101,7 @@ def _restart(names: list[str], gm: torch.fx.GraphModule) -> None:
 def dynamo_key(gm: torch.fx.GraphModule, config: CompilerConfig) -> str:
     """A Dynamo graph's key for warm starts: its graph key and the options that shape its compilation (all but the
     static kernels' own and debugging ones)."""
-    options = {k: v for k, v in config.as_dict().items() if k not in ("static_kernels", "debug")}
+    options = {k: v for k, v in config.as_dict().items() if k not in ("static_kernels", "debug", "trusted_folders")}
     text = graph_key(gm) + json.dumps(options, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
