@@ -85,7 +85,7 @@ def problem(path: str | os.PathLike[str], trusted: Iterable[str] = ()) -> str | 
         for item in chain:
             try:
                 info = os.stat(item)
-            except FileNotFoundError:
+            except (FileNotFoundError, NotADirectoryError):
                 break  # nothing below exists: what airgraph creates there is its own (make_folder)
             except OSError as exc:
                 return f"{item} cannot be examined ({exc}); {TRUST_HINT}"
