@@ -148,6 +148,16 @@ class FallbackConfig(OptionGroup):
         allowed="a list of 'aten.NAME' or 'aten.NAME.OVERLOAD' (str) or a comma-separated str",
         env="AIRGRAPH_FALLBACK_KEEP_OPS",
     )
+    pass_nodes = Option(
+        (),
+        "'pass:node' pairs ('remove_noops:view_1'): the pass leaves that node as it is (passes that can: "
+        "remove_noops; compare switches the others off whole).",
+        types=tuple,
+        normalize=lambda value: _op_list(value) or (),
+        check=lambda value: next((f"{v!r} is not 'pass:node'" for v in value if v.count(":") != 1), None),
+        allowed="a list of 'pass:node' (str) or a comma-separated str",
+        env="AIRGRAPH_FALLBACK_PASS_NODES",
+    )
 
 
 class HostPlacementConfig(OptionGroup):

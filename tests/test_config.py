@@ -22,7 +22,7 @@ def test_defaults_and_readable_forms():
         "remove_noops": True,
         "fallback": True,
     }
-    assert as_dict["fallback"] == {"aten_nodes": (), "keep_ops": ()}
+    assert as_dict["fallback"] == {"aten_nodes": (), "keep_ops": (), "pass_nodes": ()}
     assert config.frozen_parameters is False
     assert as_dict["export"]["experimental"]["enable_record_nn_module_stack"] is False
     text = repr(config)
@@ -259,7 +259,7 @@ def test_config_file_round_trip(tmp_path):
 
     stored = json.loads(path.read_text())
     assert stored["reduce_overhead"]["capture_sizes"] == [1, 2, 4]
-    assert stored["fallback"] == {"aten_nodes": ["forward:addmm_1", "mm"], "keep_ops": ["aten.silu"]}
+    assert stored["fallback"] == {"aten_nodes": ["forward:addmm_1", "mm"], "keep_ops": ["aten.silu"], "pass_nodes": []}
     loaded = CompilerConfig.from_file(path)
     assert loaded == config and loaded.fallback.aten_nodes == ("forward:addmm_1", "mm")
     assert CompilerConfig.from_dict(config.to_dict()) == config
@@ -285,6 +285,10 @@ def test_config_file_round_trip(tmp_path):
         ),
         ('{"passes": true}', r"bad\.json: CompilerConfig\.passes is an option group; give it a dict"),
         ("[1, 2]", r"bad\.json: expected a JSON object of options"),
+        (
+            '{"fallback": {"pass_nodes": ["mul"]}}',
+            r"bad\.json: CompilerConfig\.fallback\.pass_nodes: .*'mul' is not 'pass:node'",
+        ),
         ("{mode: 1", r"bad\.json: not JSON"),
     ],
 )

@@ -18,7 +18,15 @@ from airgraph.graph.analysis import target_name
 from airgraph.graph.meta import COMPARE, FALLBACK
 from airgraph.passes.base import CompileContext, PassResult
 
-__all__ = ["fallback", "op_names"]
+__all__ = ["PER_NODE", "fallback", "op_names", "skipped"]
+
+# The passes that honour config.fallback.pass_nodes ("pass:node": leave that node as it is).
+PER_NODE = frozenset({"remove_noops"})
+
+
+def skipped(ctx: CompileContext, name: str, node: torch.fx.Node) -> bool:
+    """Whether config.fallback.pass_nodes tells pass ``name`` to leave ``node`` as it is."""
+    return f"{name}:{node.name}" in ctx.config.fallback.pass_nodes
 
 
 def op_names(target: object) -> tuple[str, ...]:

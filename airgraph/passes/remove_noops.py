@@ -9,7 +9,8 @@ Two families:
   only when nothing could tell: neither value is mutated anywhere in the graph.
 
 A graph output is never replaced: AOTAutograd has already decided how outputs alias inputs. Shapes are
-compared with ``statically_known_true`` so a dynamic-shape graph gains no guards.
+compared with ``statically_known_true`` so a dynamic-shape graph gains no guards. A node that
+``config.fallback.pass_nodes`` names (``remove_noops:NODE``) is left as it is.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from airgraph.graph.analysis import is_graph_output, mutated_nodes, node_label
 from airgraph.passes.base import CompileContext, PassResult
+from airgraph.passes.fallback import skipped
 
 aten = torch.ops.aten
 
@@ -104,7 +106,7 @@ def remove_noops(gm: torch.fx.GraphModule, ctx: CompileContext) -> PassResult:
     result = PassResult()
     mutated = mutated_nodes(gm.graph)
     for node in list(gm.graph.nodes):
-        if node.op != "call_function" or is_graph_output(node):
+        if node.op != "call_function" or is_graph_output(node) or skipped(ctx, "remove_noops", node):
             continue
         found = _noop_source(node)
         if found is None:

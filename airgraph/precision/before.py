@@ -26,7 +26,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from airgraph.config import CompilerConfig
-from airgraph.passes.fallback import op_names
+from airgraph.passes.fallback import PER_NODE, op_names
 from airgraph.precision.record import Recorder
 from airgraph.precision.source import module_path, node_source
 
@@ -48,6 +48,7 @@ class BeforeKernels:
     module: str | None
     detail: str  # the pass's line about the node, or the decomposed op's overload
     trials: int  # compiles the search took
+    pass_node: str | None = None  # the one node the pass changed wrongly, where the pass can leave it (PER_NODE)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -57,6 +58,8 @@ class BeforeKernels:
         where = f" at {self.source}" + (f" `{self.code}`" if self.code else "") if self.source else ""
         node = f": node {self.node} ({self.op}) in {self.graph}" if self.node else ""
         module = f" in {self.module}" if self.module else ""
+        if self.pass_node:
+            by += f" on node {self.pass_node}"
         return (
             f"first divergence before the kernels: {by} ({self.stage}){node}{where}{module}; without it every value "
             f"is within tolerance (found in {self.trials} compiles)"
@@ -84,7 +87,14 @@ def locate_before(config: CompilerConfig, recorder: Recorder, trial: Trial, eage
     found = _search(passes, lambda names: _passes_off(config, names), counted)
     if found is not None:
         name, fixed = found
-        return _pass_finding(name, recorder, fixed, counter[0]), [], fixed
+        node = None
+        if name in PER_NODE:  # which of its changes: the nodes its report names, left as they are in halves
+            words = [d.split()[0].rstrip(",:") for d in _details(recorder, name) if d.split()]
+            changed = list(dict.fromkeys(w for w in words if w.isidentifier()))
+            one = _search(changed, lambda nodes: _pass_nodes(config, name, nodes), counted)
+            if one is not None:
+                node, fixed = one
+        return _pass_finding(name, recorder, fixed, counter[0], node), [], fixed
     decomposed = _decomposed_ops(config, eager_ops)
     found = _search(list(decomposed), lambda names: _kept(config, names), counted)
     if found is not None:
@@ -124,6 +134,17 @@ def _passes_off(config: CompilerConfig, names: list[str]) -> CompilerConfig:
     return candidate
 
 
+def _pass_nodes(config: CompilerConfig, name: str, nodes: list[str]) -> CompilerConfig:
+    candidate = copy.deepcopy(config)
+    candidate.compile_cache = False
+    candidate.fallback.pass_nodes = [*candidate.fallback.pass_nodes, *(f"{name}:{node}" for node in nodes)]
+    return candidate
+
+
+def _details(recorder: Recorder, name: str) -> list[str]:
+    return [d for g in recorder.graphs for r in g.report.passes if r.name == name for d in r.details]
+
+
 def _kept(config: CompilerConfig, names: list[str]) -> CompilerConfig:
     candidate = copy.deepcopy(config)
     candidate.compile_cache = False
@@ -159,20 +180,25 @@ def _decomposed_ops(config: CompilerConfig, eager_ops: list[Any]) -> dict[str, l
     return found
 
 
-def _pass_finding(name: str, recorder: Recorder, fixed: Recorder | None, trials: int) -> BeforeKernels:
-    """The pass's first line about a node, and that node as the graph compiled without the pass has it."""
-    for graph in recorder.graphs:
-        for report in graph.report.passes:
-            if report.name != name or not report.details:
-                continue
-            detail = report.details[0]
-            nodes = {n.name: (g.name, n) for g in (fixed.graphs if fixed else []) for n in _nodes(g)}
-            for word in detail.replace(",", " ").replace("(", " ").split():
-                if word in nodes:
-                    graph_name, node = nodes[word]
-                    return _finding("pass", name, graph_name, node, detail, trials)
-            return BeforeKernels("pass", name, graph.name, None, None, None, "", None, detail, trials)
-    return BeforeKernels("pass", name, None, None, None, None, "", None, "", trials)
+def _pass_finding(
+    name: str, recorder: Recorder, fixed: Recorder | None, trials: int, pass_node: str | None = None
+) -> BeforeKernels:
+    """The pass's first line about a node (about ``pass_node`` when known), and that node as the graph compiled
+    without the change has it."""
+    details = [
+        d
+        for d in _details(recorder, name)
+        if pass_node is None or d.split()[:1] == [f"{pass_node}"] or d.startswith(f"{pass_node}:")
+    ]
+    if not details:
+        return BeforeKernels("pass", name, None, None, None, None, "", None, "", trials, pass_node)
+    detail = details[0]
+    nodes = {n.name: (g.name, n) for g in (fixed.graphs if fixed else []) for n in _nodes(g)}
+    for word in detail.replace(",", " ").replace("(", " ").split():
+        if word in nodes:
+            graph_name, node = nodes[word]
+            return dataclasses.replace(_finding("pass", name, graph_name, node, detail, trials), pass_node=pass_node)
+    return BeforeKernels("pass", name, None, None, None, None, "", None, detail, trials, pass_node)
 
 
 def _decomposition_finding(name: str, ops: list[Any], fixed: Recorder | None, trials: int) -> BeforeKernels:

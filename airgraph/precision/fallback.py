@@ -7,8 +7,8 @@
   ``compare`` step): a segment's divergence hides those after it, and a wrong kernel is wrong for the op;
 - a decomposition: ``config.fallback.keep_ops`` gets the op, which is then not decomposed and runs as aten
   (lowering/decompositions.py);
-- an airgraph pass: ``config.passes.<name> = False`` (a pass is switched off for the whole graph: none of them
-  can be switched off per node).
+- an airgraph pass: for the one node it changed wrongly, ``config.fallback.pass_nodes`` gets ``pass:node`` where
+  the pass can leave a node as it is (passes/fallback.py's ``PER_NODE``); else ``config.passes.<name> = False``.
 
 :func:`call_times` measures the steady-state call time with the config compared and with the fallback
 (``torch.utils.benchmark``, median of blocked runs), on copies of the model: the speed cost of the fix.
@@ -39,6 +39,9 @@ def fallback_config(report: Any) -> CompilerConfig:
     before = report.before
     if before is not None and before.stage == "decomposition":
         config.fallback.keep_ops = list(dict.fromkeys([*config.fallback.keep_ops, before.what]))
+    elif before is not None and before.stage == "pass" and before.pass_node:
+        pair = f"{before.what}:{before.pass_node}"
+        config.fallback.pass_nodes = list(dict.fromkeys([*config.fallback.pass_nodes, pair]))
     elif before is not None and before.stage == "pass":
         setattr(config.passes, before.what, False)
     return config

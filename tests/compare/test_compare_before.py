@@ -168,3 +168,40 @@ def test_compare_write_config_writes_the_fallback_and_checks_it(monkeypatch, tmp
     assert stored["passes"]["remove_noops"] is False and stored["kernel_backend"] == "aten"
     monkeypatch.setenv("AIRGRAPH_CONFIG", str(path))
     assert main(["compare", str(example)]) == 0
+
+
+class Scaled(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x).view(4, 8)  # a real no-op view, which remove_noops rightly removes
+        return torch.tanh(torch.relu(h) * 2)  # the doubled node
+
+
+def test_a_wrong_rule_of_a_pass_is_switched_off_for_its_node_only(monkeypatch):
+    from airgraph.passes import remove_noops
+
+    monkeypatch.setitem(remove_noops._IDENTITY_SCALAR, aten.mul.Tensor, 2)  # the planted bug: x * 2 "is" x
+    config = make_config(kernel_backend="aten", compile_cache=False)
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        report = airgraph.compare(Scaled(), x, config=config)
+    before = report.before
+    assert (before.stage, before.what, before.pass_node, before.op) == (
+        "pass",
+        "remove_noops",
+        "mul",
+        "aten.mul.Tensor",
+    )
+    assert before.source == _line("# the doubled node")
+    assert "airgraph's remove_noops pass on node mul" in str(report)
+    fix = report.fallback()
+    assert fix.fallback.pass_nodes == ("remove_noops:mul",) and fix.passes.remove_noops is True
+    with torch.no_grad():
+        assert airgraph.compare(Scaled(), x, config=fix).ok
+        explained = airgraph.explain(Scaled(), x, config=fix)
+    (noops,) = [p for g in explained.graphs for p in g.passes if p.name == "remove_noops"]
+    assert noops.changed == 1 and noops.details[0].startswith("view")  # the right change stays
