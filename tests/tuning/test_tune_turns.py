@@ -105,13 +105,16 @@ def test_two_tuners_take_turns_build_meanwhile_and_reach_their_lone_verdicts(tmp
             return len(done) == 2 and all(len(d) == 3 and d[0] == "2" and d[1] == d[2] for d in done)
 
         wait_for(built_all, 120, "both tuners to build their units")
-        time.sleep(1.0)  # both are past building now, waiting for the turn
+        # On a GPU building takes no turn: each tuner's first request is its first measurement's, and waits here.
+        wait_for(lambda: len(list(markers.glob("asking-*"))) == 2, 120, "both tuners to ask for the turn")
+        released = time.monotonic()
     results = finished(procs)
     assert_lone_verdicts(results, lone, tmp_path / "locks" / f"{device_key(gpu)}.lock")
     for result in results:
         assert result["device"] == "cuda:0" and result["built_before_measuring"] == 2  # built while waiting
         waits = result["waits"]
-        assert waits["waited_s"] > 0.5 and waits["turns"] >= 3 and waits["building_turns"] == 0
+        assert waits["waited_s"] > 0 and waits["turns"] >= 3 and waits["building_turns"] == 0
+        assert result["turns"][0][0] < released <= result["turns"][0][1]  # asked while this test held the turn
     assert here.waits.turns == 1
 
 

@@ -87,6 +87,7 @@ class SharedGpuClock(_Shared, SimulatedCuda):
 
 _turns: list[list[float]] = []  # this process's outer turns: [requested, held from, released], CLOCK_MONOTONIC
 _turn = DeviceTurns.turn
+_asking: list[Path] = []  # the marker an outer turn's request touches ("asking-<pid>"), once tune() names it
 
 
 @contextlib.contextmanager
@@ -98,6 +99,8 @@ def _logged_turn(self: DeviceTurns, device: torch.device):
             yield waited
         return
     requested = time.monotonic()
+    for marker in _asking:
+        marker.touch()
     with _turn(self, device) as waited:
         held = time.monotonic()
         try:
@@ -127,6 +130,7 @@ def tune(
     deadline = time.monotonic() + 120
     while len(list(Path(markers).glob("ready-*"))) < peers and time.monotonic() < deadline:
         time.sleep(0.01)
+    _asking[:] = [Path(markers) / f"asking-{os.getpid()}"]
     torch.manual_seed(0)
     model, x = MLP(d, h).eval(), torch.randn(8, d)
     clock = SharedGpuClock(markers) if device == "gpu" else SharedClock(markers)
