@@ -28,7 +28,9 @@ def add_parsers(sub: Any, docs: dict[str, str]) -> None:
         help="compare a model compiled by airgraph with eager and name the first node that diverges",
         description="Run TARGET eagerly and compiled by airgraph on the same inputs and weights, compare every "
         "output (with --grad, every gradient too) and, when one leaves its tolerance, name the first ATen node "
-        "that diverged, with its source line. TARGET is 'tiny-llama', a .py file or package.module[:attr] defining "
+        "that diverged, with its source line, or the decomposition or airgraph pass that made it before the kernels; "
+        "--write-config writes the config that runs it as eager would. TARGET is 'tiny-llama', a .py file or "
+        "package.module[:attr] defining "
         f"`{EXAMPLE_SIGNATURE}`. Exit 0: within tolerance; 1: a divergence; 2: bad input.",
     )
     p.add_argument("--mode", default=None, help=docs["mode"])
