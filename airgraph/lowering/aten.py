@@ -27,11 +27,50 @@ class _FirstOp(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self.first: Any = None
+        self.arguments: tuple[tuple, dict] = ((), {})
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if self.first is None:
-            self.first = func
+            self.first, self.arguments = func, (tuple(args), dict(kwargs or {}))
         return func(*args, **(kwargs or {}))
+
+
+def _bound(op: Any, args: Any, kwargs: dict) -> list | None:
+    """Every argument of ``op``'s schema for a call with ``args`` and ``kwargs``, omitted ones at the schema's
+    defaults; None if one is omitted that has no default."""
+    values = []
+    for i, argument in enumerate(op._schema.arguments):
+        if i < len(args) and not argument.kwarg_only:
+            values.append(args[i])
+        elif argument.name in kwargs:
+            values.append(kwargs[argument.name])
+        elif argument.has_default_value():
+            values.append(argument.default_value)
+        else:
+            return None
+    return values
+
+
+def _same(got: Any, want: Any) -> bool:
+    if isinstance(want, torch.Tensor):
+        return got is want
+    if isinstance(got, torch.Tensor):  # a Python number the binding wrapped as a 0-dim tensor
+        return isinstance(want, bool | int | float | complex) and got.dim() == 0
+    if isinstance(got, list | tuple) and isinstance(want, list | tuple):
+        return len(got) == len(want) and all(_same(g, w) for g, w in zip(got, want, strict=True))
+    try:
+        return bool(got == want)
+    except Exception:
+        return False
+
+
+def _same_arguments(dispatched: list | None, wanted: list | None, skip_first: bool) -> bool:
+    """A binding's defaults may differ from the schema's (``torch.binary_cross_entropy_with_logits`` reduces by
+    none, the op by mean): the op must be called with the very arguments the node gives it."""
+    if dispatched is None or wanted is None or len(dispatched) != len(wanted):
+        return False
+    pairs = list(zip(dispatched, wanted, strict=True))[1 if skip_first else 0 :]
+    return all(_same(got, want) for got, want in pairs)
 
 
 def _signature(node: torch.fx.Node) -> tuple:
@@ -139,7 +178,11 @@ def _dispatches_to(candidate: Any, node: torch.fx.Node, *, expected: Any = None,
                 candidate(*args, **kwargs)
     except Exception:
         return False
-    return recorder.first is (node.target if expected is None else expected)
+    if recorder.first is not (node.target if expected is None else expected):
+        return False
+    dispatched = _bound(recorder.first, *recorder.arguments)
+    wanted = _bound(recorder.first, (args[0], *args[1:]) if copy_first else args, kwargs)
+    return _same_arguments(dispatched, wanted, skip_first=copy_first)
 
 
 def generate_source(gm: torch.fx.GraphModule, fn_name: str = "segment") -> tuple[str, dict[str, Any]]:
