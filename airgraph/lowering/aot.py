@@ -135,12 +135,21 @@ def no_runtime_wrappers(num_inputs: int) -> bool:
 
 
 def report_output_strides(strides: list[tuple[int, ...] | None]) -> None:
-    """Tell AOTAutograd the graph outputs' real strides (it compiles the backward for them), when it asks."""
+    """Tell AOTAutograd the graph outputs' real strides (it compiles the backward for them), when it asks.
+
+    A graph with side effects (``torch.linalg.solve``'s error checks, say) returns its effect tokens first unless
+    AOTAutograd unlifted them (as Inductor has it do); the strides it asks for are those of the outputs after the
+    tokens, which it splits off itself, so theirs are left out here (issue #44: else the saved tensors' strides
+    are off by one and the backward fails to compile)."""
     context = TracingContext.try_get()
     if context is None or context.output_strides is None:
         return
+    metadata = context.fw_metadata
+    tokens = 0
+    if metadata is not None and not torch._functorch.config.unlift_effect_tokens:
+        tokens = len(metadata.tokens)
     context.output_strides.clear()
-    context.output_strides.extend(strides)
+    context.output_strides.extend(strides[tokens:])
 
 
 @contextlib.contextmanager
