@@ -121,8 +121,10 @@ def decomposition_digest() -> str:
     for name, table in (("torch", decomposition_table), ("inductor", decompositions)):
         digest.update(name.encode())
         for op, fn in sorted(table.items(), key=lambda item: str(item[0])):
-            digest.update(f"{op}={getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', fn)!r}".encode())
-            _code_bytes(digest, getattr(getattr(fn, "__wrapped__", fn), "__code__", None))
+            inner = getattr(fn, "func", fn)  # a functools.partial: its function (its repr holds an address)
+            name = getattr(inner, "__qualname__", type(inner).__qualname__)
+            digest.update(f"{op}={getattr(inner, '__module__', '')}.{name}".encode())
+            _code_bytes(digest, getattr(getattr(inner, "__wrapped__", inner), "__code__", None))
     return digest.hexdigest()
 
 
@@ -134,7 +136,18 @@ def _code_bytes(digest: Any, code: Any) -> None:
         if hasattr(const, "co_code"):
             _code_bytes(digest, const)
         else:
-            digest.update(repr(const).encode())
+            digest.update(_const_text(const).encode())
+
+
+def _const_text(const: Any) -> str:
+    """A code constant as text that is the same in every process: no addresses, no hash-seeded set order."""
+    if isinstance(const, tuple):
+        return "(" + ",".join(_const_text(c) for c in const) + ")"
+    if isinstance(const, frozenset):
+        return "frozenset(" + ",".join(sorted(_const_text(c) for c in const)) + ")"
+    if const is None or isinstance(const, str | bytes | int | float | complex | bool):
+        return repr(const)
+    return type(const).__qualname__
 
 
 def _torch_config_hashes() -> dict[str, str]:
