@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import operator
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
 
 __all__ = [
     "aliased_base",
+    "bound_arguments",
     "has_side_effects",
     "is_graph_output",
     "mutated_nodes",
@@ -34,6 +35,15 @@ def target_name(node: torch.fx.Node) -> str:
     if isinstance(target, torch._ops.OpOverload):
         return str(target)  # "aten.add.Tensor"
     return getattr(target, "__qualname__", None) or getattr(target, "__name__", None) or str(target)
+
+
+def bound_arguments(op: torch._ops.OpOverload, args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[Any]:
+    """Every argument of ``op``'s schema, in order, for a call with ``args`` and ``kwargs``: the ones left out at the
+    schema's defaults (None where it has none)."""
+    values = list(args)
+    for argument in op._schema.arguments[len(values) :]:
+        values.append(kwargs.get(argument.name, argument.default_value if argument.has_default_value() else None))
+    return values
 
 
 def has_side_effects(node: torch.fx.Node) -> bool:

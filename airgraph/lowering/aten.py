@@ -16,6 +16,7 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from airgraph.boxed import boxed
+from airgraph.graph.analysis import bound_arguments
 from airgraph.graph.codegen import Emitter, compile_function, last_uses
 
 _verified: dict[tuple, Any] = {}
@@ -35,22 +36,6 @@ class _FirstOp(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _bound(op: Any, args: Any, kwargs: dict) -> list | None:
-    """Every argument of ``op``'s schema for a call with ``args`` and ``kwargs``, omitted ones at the schema's
-    defaults; None if one is omitted that has no default."""
-    values = []
-    for i, argument in enumerate(op._schema.arguments):
-        if i < len(args) and not argument.kwarg_only:
-            values.append(args[i])
-        elif argument.name in kwargs:
-            values.append(kwargs[argument.name])
-        elif argument.has_default_value():
-            values.append(argument.default_value)
-        else:
-            return None
-    return values
-
-
 def _same(got: Any, want: Any) -> bool:
     if isinstance(want, torch.Tensor):
         return got is want
@@ -64,11 +49,9 @@ def _same(got: Any, want: Any) -> bool:
         return False
 
 
-def _same_arguments(dispatched: list | None, wanted: list | None, skip_first: bool) -> bool:
+def _same_arguments(dispatched: list, wanted: list, skip_first: bool) -> bool:
     """A binding's defaults may differ from the schema's (``torch.binary_cross_entropy_with_logits`` reduces by
     none, the op by mean): the op must be called with the very arguments the node gives it."""
-    if dispatched is None or wanted is None or len(dispatched) != len(wanted):
-        return False
     pairs = list(zip(dispatched, wanted, strict=True))[1 if skip_first else 0 :]
     return all(_same(got, want) for got, want in pairs)
 
@@ -180,9 +163,9 @@ def _dispatches_to(candidate: Any, node: torch.fx.Node, *, expected: Any = None,
         return False
     if recorder.first is not (node.target if expected is None else expected):
         return False
-    dispatched = _bound(recorder.first, *recorder.arguments)
-    wanted = _bound(recorder.first, (args[0], *args[1:]) if copy_first else args, kwargs)
-    return _same_arguments(dispatched, wanted, skip_first=copy_first)
+    # Both bound to the dispatched op's schema; an in-place candidate's first argument is the copy made above.
+    dispatched = bound_arguments(recorder.first, *recorder.arguments)
+    return _same_arguments(dispatched, bound_arguments(recorder.first, args, kwargs), skip_first=copy_first)
 
 
 def generate_source(gm: torch.fx.GraphModule, fn_name: str = "segment") -> tuple[str, dict[str, Any]]:

@@ -24,6 +24,7 @@ from typing import Any
 import sympy
 import torch
 
+from airgraph.graph.analysis import bound_arguments
 from airgraph.graph.meta import tensors
 from airgraph.graph.source import frames_of_text, user_source
 
@@ -295,10 +296,7 @@ def _value_use(node: torch.fx.Node, target: torch._ops.OpOverload, symbol: sympy
 
 
 def _bound(node: torch.fx.Node, target: torch._ops.OpOverload) -> list[Any]:
-    values = list(node.args)
-    for argument in target._schema.arguments[len(values) :]:
-        values.append(node.kwargs.get(argument.name, argument.default_value if argument.has_default_value() else None))
-    return values
+    return bound_arguments(target, node.args, node.kwargs)
 
 
 def _dims(node: torch.fx.Node, target: torch._ops.OpOverload, rank: int, key: str = "dim") -> list[int] | None:
