@@ -70,6 +70,22 @@ def _folder_list(value: Any) -> Any:
     return tuple(found)
 
 
+def _op_list(value: Any) -> Any:
+    """``"addmm, mm"`` (an environment string) or a list/tuple of str -> a tuple of names; None stays None."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = [part for part in (p.strip() for p in value.split(",")) if part]
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and v for v in value):
+        raise TypeError("expected op types or node names: a list of non-empty str, or one comma-separated str")
+    return tuple(value)
+
+
+def _name_tuple(value: Any) -> tuple[str, ...]:
+    """:func:`_op_list` for an option that is never None: None (unset) is the empty tuple."""
+    return _op_list(value) or ()
+
+
 def user_cache_dir(name: str) -> str:
     """``<user cache>/airgraph/<name>``: the user cache is ``$XDG_CACHE_HOME``, else ``~/.cache`` (Inductor's and
     torch hub's caches follow the same convention)."""
@@ -134,7 +150,7 @@ class FallbackConfig(OptionGroup):
         "all its nodes; 'forward:addmm_1' for one graph kind) that run through the aten kernel backend, not the "
         "configured one.",
         types=tuple,
-        normalize=lambda value: _op_list(value) or (),
+        normalize=_name_tuple,
         allowed="a list of node names (str) or a comma-separated str",
         env="AIRGRAPH_FALLBACK_ATEN_NODES",
     )
@@ -143,7 +159,7 @@ class FallbackConfig(OptionGroup):
         "ATen ops ('aten.silu' or 'aten.silu.default') not decomposed before the kernels: each node of them keeps "
         "the op and runs it through the aten kernel backend, as eager does.",
         types=tuple,
-        normalize=lambda value: _op_list(value) or (),
+        normalize=_name_tuple,
         check=lambda value: next((f"{v!r} is not an aten op name" for v in value if not v.startswith("aten.")), None),
         allowed="a list of 'aten.NAME' or 'aten.NAME.OVERLOAD' (str) or a comma-separated str",
         env="AIRGRAPH_FALLBACK_KEEP_OPS",
@@ -153,7 +169,7 @@ class FallbackConfig(OptionGroup):
         "'pass:node' pairs ('remove_noops:view_1'): the pass leaves that node as it is (passes that can: "
         "remove_noops; compare switches the others off whole).",
         types=tuple,
-        normalize=lambda value: _op_list(value) or (),
+        normalize=_name_tuple,
         check=lambda value: next((f"{v!r} is not 'pass:node'" for v in value if v.count(":") != 1), None),
         allowed="a list of 'pass:node' (str) or a comma-separated str",
         env="AIRGRAPH_FALLBACK_PASS_NODES",
@@ -306,17 +322,6 @@ def _tune_mode(value: Any) -> Any:
             return None
         return _AOE_MODES.get(value, value)
     return value
-
-
-def _op_list(value: Any) -> Any:
-    """``"addmm, mm"`` (an environment string) or a list/tuple of str -> a tuple of names; None stays None."""
-    if value is None:
-        return None
-    if isinstance(value, str):
-        value = [part for part in (p.strip() for p in value.split(",")) if part]
-    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and v for v in value):
-        raise TypeError("expected op types or node names: a list of non-empty str, or one comma-separated str")
-    return tuple(value)
 
 
 def _seconds(value: Any) -> Any:
@@ -478,8 +483,8 @@ class CompilerConfig(OptionGroup):
     )
     trusted_folders = Option(
         (),
-        "Folders others can write that airgraph may still load compiled code from (compile cache, cache_compile "
-        "packages, kernel library): a path inside one is not checked for its owner and mode (airgraph/trust.py, "
+        "Folders others can write that airgraph may still load compiled code from (the compile cache, "
+        "cache_compile packages): a path inside one is not checked for its owner and mode (airgraph/trust.py, "
         "docs/trust.md). Trust only folders whose every writer you trust; an environment string separates them with "
         "os.pathsep.",
         types=(tuple,),
